@@ -1,0 +1,15 @@
+from django.urls import path
+
+from ctxsum.api import views
+
+app_name = "ctxsum"
+
+urlpatterns = [
+    path("", views.ApiRoot.as_view(), name="api-root"),
+    path("conversations/", views.ConversationList.as_view(), name="conversation-list"),
+    path(
+        "conversations/<uuid:pk>/", views.ConversationDetail.as_view(), name="conversation-detail"
+    ),
+    path("conversations/<uuid:pk>/messages/", views.MessageList.as_view(), name="message-list"),
+    path("conversations/<uuid:pk>/context/", views.ContextDetail.as_view(), name="context"),
+]

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class CtxsumConfig(AppConfig):
+    name = "ctxsum"
+    verbose_name = "Context summarization"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from ctxsum import checks  # noqa: F401  (registers the system checks)

@@ -1,0 +1,132 @@
+"""System checks for the CTXSUM settings: contradictions are errors, found at start-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Warning, register
+
+from ctxsum import policy
+from ctxsum.conf import DEFAULTS, ctxsum_settings
+
+POSITIVE_KEYS = (
+    "SUMMARY_TIMEOUT",
+    "SUMMARY_MAX_TOKENS",
+    "SUMMARY_INPUT_BUDGET",
+    "LEASE_SECONDS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_BATCH_MESSAGES",
+    "MAX_BODY_BYTES",
+)
+
+
+def _policy_errors() -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    parsed: dict[str, Any] = {}
+    for key, parse, check_id in (
+        ("TRIGGER", policy.parse_trigger, "ctxsum.E002"),
+        ("KEEP", policy.parse_keep, "ctxsum.E003"),
+    ):
+        try:
+            parsed[key] = parse(getattr(ctxsum_settings, key))
+        except policy.PolicyError as error:
+            errors.append(
+                Error(
+                    f"CTXSUM[{key!r}] is invalid: {error}",
+                    hint='Use {"messages": N} and/or {"tokens": N} with positive integers; '
+                    "KEEP takes exactly one of them.",
+                    id=check_id,
+                )
+            )
+    if not errors:
+        try:
+            policy.parse_policy(ctxsum_settings.TRIGGER, ctxsum_settings.KEEP)
+        except policy.PolicyError as error:
+            errors.append(
+                Error(
+                    f"CTXSUM['KEEP'] contradicts CTXSUM['TRIGGER']: {error}",
+                    hint="Keep must be strictly below the trigger in the same unit, or "
+                    "every compaction would leave the context over its trigger.",
+                    id="ctxsum.E004",
+                )
+            )
+    return errors
+
+
+def _number_errors() -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    for key in POSITIVE_KEYS:
+        value = getattr(ctxsum_settings, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            errors.append(
+                Error(
+                    f"CTXSUM[{key!r}] must be a positive number, not {value!r}.",
+                    hint=f"The default is {DEFAULTS[key]!r}.",
+                    id="ctxsum.E005",
+                )
+            )
+    for key in ("PROMPT", "PROMPT_VERSION", "SUMMARY_PREFIX"):
+        value = getattr(ctxsum_settings, key)
+        if not isinstance(value, str) or not value.strip():
+            errors.append(Error(f"CTXSUM[{key!r}] must be a non-blank string.", id="ctxsum.E006"))
+    return errors
+
+
+def _summarizer_errors() -> list[CheckMessage]:
+    from ctxsum.summarizers import Summarizer, get_summarizer
+
+    try:
+        backend_class = ctxsum_settings.SUMMARIZER
+    except ImportError as error:
+        return [
+            Error(
+                f"CTXSUM['SUMMARIZER'] cannot be imported: {error}",
+                hint="Give the dotted path of a ctxsum.summarizers.Summarizer subclass.",
+                id="ctxsum.E007",
+            )
+        ]
+    if not (isinstance(backend_class, type) and issubclass(backend_class, Summarizer)):
+        return [
+            Error(
+                f"CTXSUM['SUMMARIZER'] is {backend_class!r}, not a Summarizer subclass.",
+                id="ctxsum.E007",
+            )
+        ]
+    try:
+        return list(get_summarizer().check())
+    except Exception as error:  # a backend that cannot even be built is a config error
+        return [Error(f"The summarizer cannot be created: {error}", id="ctxsum.E008")]
+
+
+def _encoding_warnings() -> list[CheckMessage]:
+    from ctxsum.tokens import encoding_for
+
+    try:
+        encoding_for(None)
+    except Exception as error:
+        return [
+            Warning(
+                f"The tiktoken encoding cannot be loaded: {error}",
+                hint="tiktoken downloads its encodings on first use. Without a route to the "
+                "download, set TIKTOKEN_CACHE_DIR to a folder that holds them.",
+                id="ctxsum.W001",
+            )
+        ]
+    return []
+
+
+@register()
+def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    unknown = ctxsum_settings.unknown_keys()
+    if unknown:
+        return [
+            Error(
+                f"Unknown CTXSUM setting(s): {', '.join(unknown)}.",
+                hint=f"Known keys: {', '.join(DEFAULTS)}.",
+                id="ctxsum.E001",
+            )
+        ]
+    errors = _policy_errors() + _number_errors()
+    if not errors:
+        errors += _summarizer_errors()
+    return errors + _encoding_warnings()

@@ -1,0 +1,220 @@
+"""Conversations, their messages, the summaries that replace old messages in the active
+context, and the record of every compaction attempt."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Role(models.TextChoices):
+    SYSTEM = "system"
+    DEVELOPER = "developer"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Conversation(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ctxsum_conversations"
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    # Primary chat model; also picks the tiktoken encoding. Blank: the settings' default.
+    model = models.CharField(max_length=100, blank=True, default="")
+    # Policy overrides; NULL means the settings' default (each replaces it as a whole).
+    trigger = models.JSONField(null=True, blank=True)
+    keep = models.JSONField(null=True, blank=True)
+
+    # Counters that keep the hot path O(1); updated in the same transaction as the rows.
+    next_seq = models.PositiveIntegerField(default=0)
+    message_count = models.PositiveIntegerField(default=0)
+    active_message_count = models.PositiveIntegerField(default=0)
+    # Tokens of the active context's messages, the summary message included.
+    active_tokens = models.PositiveIntegerField(default=0)
+    # Bumped on every change of the conversation or its context (an ETag for clients).
+    revision = models.PositiveIntegerField(default=0)
+
+    # The compaction lease: which worker is summarizing, and since when.
+    lease_owner = models.CharField(max_length=64, blank=True, default="")
+    leased_at = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "-created_at"], name="ctxsum_conv_owner_created")]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+
+class MessageQuerySet(models.QuerySet):
+    def active(self) -> MessageQuerySet:
+        """Messages of the active context: not archived, not replaced."""
+        return self.filter(summary__isnull=True, replaced_at__isnull=True)
+
+    def archived(self) -> MessageQuerySet:
+        return self.filter(summary__isnull=False)
+
+
+class Message(models.Model):
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    # Gapless per conversation, handed out under the conversation's row lock: the only order.
+    seq = models.PositiveIntegerField()
+    role = models.CharField(max_length=16, choices=Role.choices)
+    # A string or a list of OpenAI content parts; NULL only on an assistant tool-call message.
+    content = models.JSONField(null=True, blank=True)
+    name = models.CharField(max_length=100, blank=True, default="")
+    tool_calls = models.JSONField(null=True, blank=True)
+    tool_call_id = models.CharField(max_length=255, blank=True, default="")
+    # Provider-reply extras kept as given (refusal, annotations, audio, reasoning_content).
+    extra = models.JSONField(default=dict, blank=True)
+    token_count = models.PositiveIntegerField()
+    # The leading system/developer message: always first in the context, never summarized.
+    is_leading = models.BooleanField(default=False)
+    # Set when PATCH {"system": ...} replaced this leading message; it stays in the transcript.
+    replaced_at = models.DateTimeField(null=True, blank=True)
+    # NULL while the message is in the active context; the summary that archived it after.
+    summary = models.ForeignKey(
+        "Summary", null=True, blank=True, on_delete=models.RESTRICT, related_name="messages"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = MessageQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["conversation", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "seq"], name="ctxsum_message_seq_uniq"),
+        ]
+        indexes = [
+            # The hot path: the active messages of one conversation in seq order.
+            models.Index(
+                fields=["conversation", "seq"],
+                condition=Q(summary__isnull=True),
+                name="ctxsum_msg_active_seq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id}#{self.seq} {self.role}"
+
+    @property
+    def archived(self) -> bool:
+        return self.summary_id is not None
+
+    def as_openai(self) -> dict[str, Any]:
+        """The message as the chat completions API takes it: only the fields it has."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.name:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        if self.tool_call_id:
+            message["tool_call_id"] = self.tool_call_id
+        message.update(self.extra)
+        return message
+
+
+class ToolCall(models.Model):
+    """One tool call of an assistant message, indexed so a tool result finds its request
+    with one query however long the conversation is."""
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="tool_call_index"
+    )
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="tool_call_rows")
+    seq = models.PositiveIntegerField()  # the message's seq, to find the nearest earlier request
+    call_id = models.CharField(max_length=255)
+    name = models.CharField(max_length=255)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["conversation", "call_id", "seq"], name="ctxsum_toolcall_lookup"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.call_id} {self.name}"
+
+
+class Summary(models.Model):
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="summaries"
+    )
+    version = models.PositiveIntegerField()
+    text = models.TextField()
+    prompt_version = models.CharField(max_length=64)
+    prompt_sha256 = models.CharField(max_length=64)
+    model = models.CharField(max_length=100, blank=True, default="")
+    # Cumulative: from the first summarized message to the newest one this summary replaced.
+    from_seq = models.PositiveIntegerField()
+    to_seq = models.PositiveIntegerField()
+    previous = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.RESTRICT, related_name="next"
+    )
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    latency_ms = models.PositiveIntegerField(default=0)
+    # Tokens of the summary as a context message (prefix included).
+    token_count = models.PositiveIntegerField(default=0)
+    active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["conversation", "-version"]
+        verbose_name_plural = "summaries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "version"], name="ctxsum_summary_version_uniq"
+            ),
+            models.UniqueConstraint(
+                fields=["conversation"],
+                condition=Q(active=True),
+                name="ctxsum_summary_one_active",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id} v{self.version}"
+
+
+class CompactionAttempt(models.Model):
+    class Outcome(models.TextChoices):
+        COMPACTED = "compacted"
+        SKIPPED = "skipped"
+        CONFLICT = "conflict"
+        FAILED = "failed"
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="compaction_attempts"
+    )
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    reason = models.CharField(max_length=64, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    summary = models.ForeignKey(
+        Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts"
+    )
+    tokens_before = models.PositiveIntegerField(default=0)
+    tokens_after = models.PositiveIntegerField(default=0)
+    messages_archived = models.PositiveIntegerField(default=0)
+    forced = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["conversation", "-created_at"], name="ctxsum_attempt_conv"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id} {self.outcome}"

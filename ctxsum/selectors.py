@@ -1,0 +1,101 @@
+"""Reads: the active context, the transcript, summaries and stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Count, QuerySet, Sum
+
+from ctxsum import tokens
+from ctxsum.conf import ctxsum_settings
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+
+
+def summary_message(summary: Summary) -> dict[str, Any]:
+    """The summary as it enters the context: a *user* message, so generated prose never
+    gains system authority."""
+    return {"role": "user", "content": f"{ctxsum_settings.SUMMARY_PREFIX}\n\n{summary.text}"}
+
+
+@dataclass
+class ActiveContext:
+    """What would be sent to the model now, with what the compaction planner needs."""
+
+    conversation: Conversation
+    rows: list[Message]  # active messages, the leading one first, then by seq
+    summary: Summary | None
+    leading: bool
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def token_count(self) -> int:
+        return tokens.context_tokens(self.tokens)
+
+    @property
+    def revision(self) -> int:
+        return self.conversation.revision
+
+
+def context_get(*, conversation: Conversation) -> ActiveContext:
+    """The active context: [leading system message] + [summary] + active messages in seq
+    order, in OpenAI format. Two queries however long the conversation is."""
+    summary = Summary.objects.filter(conversation=conversation, active=True).first()
+    rows = list(Message.objects.filter(conversation=conversation).active().order_by("seq"))
+    leading = [row for row in rows if row.is_leading]
+    rows = leading + [row for row in rows if not row.is_leading]
+    context = ActiveContext(
+        conversation=conversation, rows=rows, summary=summary, leading=bool(leading)
+    )
+    pinned = leading[:1]
+    for row in pinned:
+        context.messages.append(row.as_openai())
+        context.tokens.append(row.token_count)
+    if summary is not None:
+        context.messages.append(summary_message(summary))
+        context.tokens.append(summary.token_count)
+    for row in rows[len(pinned) :]:
+        context.messages.append(row.as_openai())
+        context.tokens.append(row.token_count)
+    return context
+
+
+def conversation_list(*, owner: Any) -> QuerySet[Conversation]:
+    return Conversation.objects.filter(owner=owner).order_by("-created_at")
+
+
+def transcript_list(*, conversation: Conversation) -> QuerySet[Message]:
+    """Every message, archived and replaced ones included, in seq order."""
+    return (
+        Message.objects.filter(conversation=conversation)
+        .select_related("summary")
+        .order_by("seq")
+    )
+
+
+def summary_list(*, conversation: Conversation) -> QuerySet[Summary]:
+    return Summary.objects.filter(conversation=conversation).select_related("previous")
+
+
+def conversation_stats(*, conversation: Conversation) -> dict[str, int]:
+    """Counts and token totals of one conversation."""
+    archived = Message.objects.filter(conversation=conversation).archived()
+    archived_totals = archived.aggregate(count=Count("id"), tokens=Sum("token_count"))
+    active_summary = (
+        Summary.objects.filter(conversation=conversation, active=True)
+        .values_list("token_count", flat=True)
+        .first()
+    )
+    archived_tokens = archived_totals["tokens"] or 0
+    return {
+        "message_count": conversation.message_count,
+        "active_message_count": conversation.active_message_count,
+        "archived_message_count": archived_totals["count"],
+        "active_tokens": tokens.context_tokens([conversation.active_tokens]),
+        "summary_count": Summary.objects.filter(conversation=conversation).count(),
+        "compaction_count": CompactionAttempt.objects.filter(
+            conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED
+        ).count(),
+        "tokens_saved": max(0, archived_tokens - (active_summary or 0)),
+    }

@@ -1,0 +1,173 @@
+"""Appending messages: validated outside the transaction, stored inside one that locks the
+conversation row to hand out gapless ``seq`` numbers and keep the counters exact."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from ctxsum import tokens
+from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import MessagesInvalid, TooLarge
+from ctxsum.models import Conversation, Message, ToolCall
+from ctxsum.signals import messages_appended
+from ctxsum.validation import (
+    EXTRA_FIELDS,
+    TOOL_CALL_ID_UNKNOWN,
+    MessageInvalid,
+    clean_message,
+)
+
+BATCH_EMPTY = "Send at least one message."
+BATCH_TOO_LARGE = "A batch holds {count} messages; the limit is {limit}."
+LEADING_ROLES = ("system", "developer")
+
+
+def messages_clean(messages: Any) -> list[dict[str, Any]]:
+    """Validate a batch; raise ValidationError({"messages": [per-message errors]}) naming
+    every bad field, or TooLarge."""
+    if not isinstance(messages, list) or not messages:
+        raise ValidationError({"messages": [BATCH_EMPTY]})
+    limit = ctxsum_settings.MAX_BATCH_MESSAGES
+    if len(messages) > limit:
+        raise TooLarge(BATCH_TOO_LARGE.format(count=len(messages), limit=limit))
+    cleaned: list[dict[str, Any]] = []
+    errors: list[dict[str, list[str]]] = []
+    for message in messages:
+        try:
+            cleaned.append(clean_message(message, max_bytes=ctxsum_settings.MAX_MESSAGE_BYTES))
+            errors.append({})
+        except MessageInvalid as invalid:
+            errors.append(invalid.errors)
+    if any(errors):
+        raise MessagesInvalid(errors)
+    return cleaned
+
+
+def tool_results_check(conversation: Conversation, cleaned: Sequence[Mapping[str, Any]]) -> None:
+    """Raise MessagesInvalid for tool results that no earlier tool call of the conversation
+    requested: the batch's own earlier messages first, then one indexed query for the rest."""
+    requested: set[str] = set()
+    wanted: dict[int, str] = {}
+    for index, message in enumerate(cleaned):
+        if message["role"] == "tool" and message["tool_call_id"] not in requested:
+            wanted[index] = message["tool_call_id"]
+        for call in message.get("tool_calls") or ():
+            requested.add(call["id"])
+    if not wanted:
+        return
+    stored = set(
+        ToolCall.objects.filter(conversation=conversation, call_id__in=set(wanted.values()))
+        .values_list("call_id", flat=True)
+        .distinct()
+    )
+    errors: list[dict[str, list[str]]] = [{} for _ in cleaned]
+    for index, call_id in wanted.items():
+        if call_id not in stored:
+            errors[index] = {"tool_call_id": [TOOL_CALL_ID_UNKNOWN.format(id=call_id)]}
+    if any(errors):
+        raise MessagesInvalid(errors)
+
+
+def messages_count(conversation: Conversation, cleaned: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token counts of ``cleaned``, taken once, before any lock is held."""
+    count = partial(tokens.count_message, model=conversation.model or None)
+    return [count(message) for message in cleaned]
+
+
+def message_rows(
+    conversation: Conversation, cleaned: Sequence[Mapping[str, Any]], counts: Sequence[int]
+) -> list[Message]:
+    """Unsaved Message rows for ``cleaned``, numbered from the conversation's next seq."""
+    rows = []
+    for offset, (message, token_count) in enumerate(zip(cleaned, counts, strict=True)):
+        seq = conversation.next_seq + offset
+        rows.append(
+            Message(
+                conversation=conversation,
+                seq=seq,
+                role=message["role"],
+                content=message["content"],
+                name=message.get("name", ""),
+                tool_calls=message.get("tool_calls"),
+                tool_call_id=message.get("tool_call_id", ""),
+                extra={key: message[key] for key in EXTRA_FIELDS if key in message},
+                token_count=token_count,
+                is_leading=seq == 0 and message["role"] in LEADING_ROLES,
+            )
+        )
+    return rows
+
+
+def messages_store(conversation: Conversation, rows: list[Message]) -> list[Message]:
+    """Insert ``rows`` and move the counters of ``conversation``, which the caller has locked."""
+    rows = Message.objects.bulk_create(rows)
+    calls = [
+        ToolCall(
+            conversation=conversation,
+            message=row,
+            seq=row.seq,
+            call_id=call["id"],
+            name=call["function"]["name"],
+        )
+        for row in rows
+        for call in row.tool_calls or ()
+    ]
+    if calls:
+        ToolCall.objects.bulk_create(calls)
+    conversation.next_seq += len(rows)
+    conversation.message_count += len(rows)
+    conversation.active_message_count += len(rows)
+    conversation.active_tokens += sum(row.token_count for row in rows)
+    conversation.revision += 1
+    conversation.save(
+        update_fields=[
+            "next_seq",
+            "message_count",
+            "active_message_count",
+            "active_tokens",
+            "revision",
+            "updated_at",
+        ]
+    )
+    return rows
+
+
+def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> list[Message]:
+    """Append one or many messages, all or none, and return the stored rows.
+
+    Raises ValidationError naming every bad field, or TooLarge; nothing is stored then.
+    ``conversation`` is refreshed with the new counters.
+    """
+    cleaned = messages_clean(list(messages))
+    counts = messages_count(conversation, cleaned)
+    with transaction.atomic():
+        locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+        tool_results_check(locked, cleaned)
+        rows = messages_store(locked, message_rows(locked, cleaned, counts))
+        transaction.on_commit(
+            lambda: messages_appended.send(
+                sender=Conversation, conversation=locked, messages=rows
+            )
+        )
+    _copy_counters(locked, conversation)
+    return rows
+
+
+COUNTER_FIELDS = (
+    "next_seq",
+    "message_count",
+    "active_message_count",
+    "active_tokens",
+    "revision",
+    "updated_at",
+)
+
+
+def _copy_counters(source: Conversation, target: Conversation) -> None:
+    for field in COUNTER_FIELDS:
+        setattr(target, field, getattr(source, field))

@@ -1,0 +1,10 @@
+"""Signals ctxsum sends; each goes out after the transaction that caused it commits."""
+
+from django.dispatch import Signal
+
+# sender=Conversation; conversation=, messages=[Message, ...]
+messages_appended = Signal()
+# sender=Conversation; conversation=, summary=Summary, attempt=CompactionAttempt
+summary_created = Signal()
+# sender=Conversation; conversation=, attempt=CompactionAttempt, error=Exception
+compaction_failed = Signal()

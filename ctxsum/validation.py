@@ -1,0 +1,189 @@
+"""What a model API would reject is rejected here: OpenAI chat messages checked field by
+field, with errors that name the field. Pure: no ORM, no I/O."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ctxsum.exceptions import TooLarge
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# Provider-reply extras that travel with an assistant message and are returned as given.
+EXTRA_FIELDS = ("refusal", "annotations", "audio", "reasoning_content")
+FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", *EXTRA_FIELDS)
+# Which content parts each role may carry, as the chat completions API accepts them.
+PART_TYPES = {
+    "system": ("text",),
+    "developer": ("text",),
+    "user": ("text", "image_url", "input_audio", "file"),
+    "assistant": ("text", "refusal"),
+    "tool": ("text",),
+}
+AUDIO_FORMATS = ("wav", "mp3")
+MAX_ID_LENGTH = 255
+MAX_NAME_LENGTH = 100
+
+NOT_AN_OBJECT = "Expected a JSON object."
+REQUIRED = "This field is required."
+UNKNOWN_FIELD = "Unknown field."
+BAD_ROLE = "Must be one of: system, developer, user, assistant, tool."
+CONTENT_TYPE = "Must be a string or a list of content parts."
+CONTENT_NULL = "Can be null only on an assistant message that has tool_calls."
+CONTENT_EMPTY_LIST = "A list of content parts must not be empty."
+BAD_NAME = f"Must be a non-empty string of at most {MAX_NAME_LENGTH} characters."
+TOOL_CALLS_ROLE = "Only assistant messages can have tool_calls."
+TOOL_CALLS_TYPE = "Must be a non-empty list of tool calls."
+TOOL_CALL_ID_REQUIRED = "A tool message needs the tool_call_id of the call it answers."
+TOOL_CALL_ID_ROLE = "Only tool messages can have a tool_call_id."
+TOOL_CALL_ID_TYPE = f"Must be a non-empty string of at most {MAX_ID_LENGTH} characters."
+TOOL_CALL_ID_UNKNOWN = "No earlier assistant message in this conversation has a tool call with id {id!r}."
+EXTRA_ROLE = "Only assistant messages can have this field."
+MESSAGE_TOO_LARGE = "A message is {size} bytes; the limit is {limit} bytes."
+
+
+class MessageInvalid(ValueError):
+    """A message failed validation; ``errors`` maps each field to its messages."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__(errors)
+        self.errors = errors
+
+
+def _is_text(value: Any, max_length: int | None = None) -> bool:
+    return isinstance(value, str) and bool(value) and (max_length is None or len(value) <= max_length)
+
+
+def _part_error(part: Any, allowed: tuple[str, ...]) -> str | None:
+    if not isinstance(part, Mapping):
+        return "must be an object"
+    kind = part.get("type")
+    if kind not in allowed:
+        return f"type must be one of: {', '.join(allowed)}"
+    body = part.get(kind)
+    if kind in ("text", "refusal"):
+        if not isinstance(body, str):
+            return f"needs a string '{kind}'"
+    elif kind == "image_url":
+        if not isinstance(body, Mapping) or not _is_text(body.get("url")):
+            return "needs image_url.url"
+        if body.get("detail") not in (None, "auto", "low", "high"):
+            return "image_url.detail must be auto, low or high"
+    elif kind == "input_audio":
+        if not isinstance(body, Mapping) or not _is_text(body.get("data")):
+            return "needs input_audio.data"
+        if body.get("format") not in AUDIO_FORMATS:
+            return "input_audio.format must be wav or mp3"
+    elif kind == "file":
+        if not isinstance(body, Mapping) or not (
+            _is_text(body.get("file_data")) or _is_text(body.get("file_id"))
+        ):
+            return "needs file.file_data or file.file_id"
+    return None
+
+
+def _content_errors(message: Mapping[str, Any], role: str) -> list[str]:
+    content = message.get("content")
+    if content is None:
+        if role == "assistant" and message.get("tool_calls"):
+            return []
+        return [REQUIRED if "content" not in message else CONTENT_NULL]
+    if isinstance(content, str):
+        return []
+    if not isinstance(content, list):
+        return [CONTENT_TYPE]
+    if not content:
+        return [CONTENT_EMPTY_LIST]
+    allowed = PART_TYPES.get(role, ("text",))
+    return [
+        f"Part {index}: {error}."
+        for index, part in enumerate(content)
+        if (error := _part_error(part, allowed))
+    ]
+
+
+def _tool_call_errors(tool_calls: Any) -> list[str]:
+    if not isinstance(tool_calls, list) or not tool_calls:
+        return [TOOL_CALLS_TYPE]
+    errors: list[str] = []
+    seen: set[str] = set()
+    for index, call in enumerate(tool_calls):
+        prefix = f"Call {index}:"
+        if not isinstance(call, Mapping):
+            errors.append(f"{prefix} must be an object.")
+            continue
+        unknown = sorted(set(call) - {"id", "type", "function"})
+        if unknown:
+            errors.append(f"{prefix} unknown field(s) {', '.join(unknown)}.")
+        call_id = call.get("id")
+        if not _is_text(call_id, MAX_ID_LENGTH):
+            errors.append(f"{prefix} id {TOOL_CALL_ID_TYPE.lower()}")
+        elif call_id in seen:
+            errors.append(f"{prefix} id {call_id!r} is repeated within this message.")
+        else:
+            seen.add(call_id)
+        if call.get("type") != "function":
+            errors.append(f"{prefix} type must be 'function'.")
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            errors.append(f"{prefix} function must be an object with name and arguments.")
+            continue
+        unknown = sorted(set(function) - {"name", "arguments"})
+        if unknown:
+            errors.append(f"{prefix} function has unknown field(s) {', '.join(unknown)}.")
+        if not _is_text(function.get("name"), MAX_ID_LENGTH):
+            errors.append(f"{prefix} function.name must be a non-empty string.")
+        if not isinstance(function.get("arguments"), str):
+            errors.append(f"{prefix} function.arguments must be a string.")
+    return errors
+
+
+def clean_message(message: Any, *, max_bytes: int) -> dict[str, Any]:
+    """Check one OpenAI chat message and return it normalized (only the fields it has).
+
+    Raises MessageInvalid naming each bad field, or TooLarge when its JSON is over
+    ``max_bytes``.
+    """
+    if not isinstance(message, Mapping):
+        raise MessageInvalid({"non_field_errors": [NOT_AN_OBJECT]})
+    size = len(json.dumps(message, ensure_ascii=False).encode())
+    if size > max_bytes:
+        raise TooLarge(MESSAGE_TOO_LARGE.format(size=size, limit=max_bytes))
+
+    errors: dict[str, list[str]] = {}
+    for field in sorted(set(message) - set(FIELDS)):
+        errors[field] = [UNKNOWN_FIELD]
+
+    role = message.get("role")
+    if role not in ROLES:
+        errors["role"] = [REQUIRED if role is None else BAD_ROLE]
+        raise MessageInvalid(errors)
+
+    if content_errors := _content_errors(message, role):
+        errors["content"] = content_errors
+    if "name" in message and not _is_text(message["name"], MAX_NAME_LENGTH):
+        errors["name"] = [BAD_NAME]
+    if message.get("tool_calls") is not None:
+        if role != "assistant":
+            errors["tool_calls"] = [TOOL_CALLS_ROLE]
+        elif call_errors := _tool_call_errors(message["tool_calls"]):
+            errors["tool_calls"] = call_errors
+    if role == "tool":
+        if "tool_call_id" not in message:
+            errors["tool_call_id"] = [TOOL_CALL_ID_REQUIRED]
+        elif not _is_text(message["tool_call_id"], MAX_ID_LENGTH):
+            errors["tool_call_id"] = [TOOL_CALL_ID_TYPE]
+    elif message.get("tool_call_id") is not None:
+        errors["tool_call_id"] = [TOOL_CALL_ID_ROLE]
+    for field in EXTRA_FIELDS:
+        if field in message and role != "assistant":
+            errors[field] = [EXTRA_ROLE]
+    if errors:
+        raise MessageInvalid(errors)
+
+    cleaned: dict[str, Any] = {"role": role, "content": message.get("content")}
+    for field in ("name", "tool_calls", "tool_call_id", *EXTRA_FIELDS):
+        if message.get(field) is not None or (field in EXTRA_FIELDS and field in message):
+            cleaned[field] = message[field]
+    return cleaned
