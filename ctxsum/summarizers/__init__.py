@@ -1,0 +1,48 @@
+"""Summarizer backends, chosen by dotted path like Django's CACHES or EMAIL_BACKEND.
+
+``get_summarizer()`` returns the configured backend. Backends themselves live in ``base``,
+``openai`` and ``offline``; this package imports none of the network ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from typing import Any
+
+from ctxsum.conf import ctxsum_settings
+from ctxsum.summarizers.base import Summarizer
+
+__all__ = ["Summarizer", "get_summarizer"]
+
+_lock = threading.Lock()
+_cached: tuple[tuple[Any, ...], Summarizer] | None = None
+
+
+def get_summarizer() -> Summarizer:
+    """The backend configured in ``CTXSUM``, built once per configuration.
+
+    The instance is reused while the settings it was built from stay the same (so the
+    OpenAI client and its connection pool live for the process) and rebuilt when they
+    change, e.g. under ``override_settings(CTXSUM=...)``.
+    """
+    global _cached
+    options = ctxsum_settings.SUMMARIZER_OPTIONS or {}
+    key = (
+        ctxsum_settings.SUMMARIZER,
+        ctxsum_settings.SUMMARY_MODEL,
+        ctxsum_settings.SUMMARY_TIMEOUT,
+        ctxsum_settings.SUMMARY_MAX_TOKENS,
+        options,
+    )
+    cached = _cached
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    with _lock:
+        if _cached is not None and _cached[0] == key:
+            return _cached[1]
+        backend, model, timeout, max_tokens, _ = key
+        summarizer = backend(model=model, timeout=timeout, max_tokens=max_tokens, options=options)
+        # A deep copy, so a caller mutating the settings dict later cannot fake a match.
+        _cached = ((*key[:4], copy.deepcopy(options)), summarizer)
+        return summarizer

@@ -1,0 +1,78 @@
+"""The summarizer backend interface: one raw call that turns formatted history into a summary.
+
+A backend makes exactly one attempt, returns the summary stripped, and raises
+``SummarizerError`` on any failure, a blank answer included: it never makes a summary up.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from django.core import checks
+
+from ctxsum.exceptions import SummarizerError
+
+BLANK_SUMMARY = "The summarizer returned a blank summary."
+BLANK_INPUT = "There is no history to summarize."
+
+E_UNKNOWN_OPTIONS = "ctxsum.E011"
+UNKNOWN_OPTIONS = "Unknown SUMMARIZER_OPTIONS for {backend}: {names}."
+
+
+class Summarizer(ABC):
+    """A summarizer backend, chosen by dotted path in ``CTXSUM["SUMMARIZER"]``.
+
+    Capability flags tell callers what to expect: ``requires_network`` (the call leaves the
+    process and may be slow or fail) and ``deterministic`` (same input, same summary).
+    """
+
+    requires_network: ClassVar[bool] = True
+    deterministic: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        timeout: float,
+        max_tokens: int,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.timeout = timeout
+        self.max_tokens = max_tokens
+        self.options: dict[str, Any] = dict(options or {})
+
+    @abstractmethod
+    def summarize(self, *, prompt: str, history: str) -> str:
+        """Summarize ``history`` (one user message) following ``prompt`` (the system
+        instruction); return the summary stripped, or raise ``SummarizerError``."""
+
+    def check(self) -> list[checks.CheckMessage]:
+        """Configuration problems, reported through Django's system checks."""
+        return []
+
+    @classmethod
+    def dotted_path(cls) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def unknown_options(self, known: frozenset[str]) -> list[checks.CheckMessage]:
+        """An Error naming the options this backend does not understand (typos, mostly)."""
+        unknown = sorted(set(self.options) - known)
+        if not unknown:
+            return []
+        return [
+            checks.Error(
+                UNKNOWN_OPTIONS.format(backend=self.dotted_path(), names=", ".join(unknown)),
+                hint=f"Known options: {', '.join(sorted(known)) or 'none'}.",
+                obj=self.dotted_path(),
+                id=E_UNKNOWN_OPTIONS,
+            )
+        ]
+
+    @staticmethod
+    def require_history(history: str) -> None:
+        # Summarizing nothing can only produce an invented summary.
+        if not history or not history.strip():
+            raise SummarizerError(BLANK_INPUT)

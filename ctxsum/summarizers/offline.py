@@ -1,0 +1,261 @@
+"""The offline summarizer: no network, no configuration, the same summary for the same input.
+
+For development, demos and tests. It is EXTRACTIVE: it writes no prose of its own, it copies
+the sentences of the history that carry facts.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ctxsum.exceptions import SummarizerError
+from ctxsum.summarizers.base import BLANK_INPUT, Summarizer
+from ctxsum.tokens import count_text, encoding_for
+
+MAX_SENTENCE_CHARS = 300
+MAX_ARGUMENT_CHARS = 80
+MAX_RESULT_CHARS = 200
+MAX_RESULT_SENTENCES = 3
+
+_ATTRS = r'((?:\s+[\w-]+="[^"]*")*)'
+_SUMMARY_SO_FAR = re.compile(r"<summary-so-far\s*>(.*?)</summary-so-far\s*>", re.S)
+_BLOCK = re.compile(r"<([a-z][\w-]*)" + _ATTRS + r"\s*>(.*?)</\1\s*>", re.S)
+_TOOL_CALL = re.compile(r"<tool-call" + _ATTRS + r"\s*>(.*?)</tool-call\s*>", re.S)
+_ATTR = re.compile(r'([\w-]+)="([^"]*)"')
+_STRAY_TAG = re.compile(r"</?[a-z][\w-]*" + _ATTRS + r"\s*/?>")
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?…])\s+|\s*\n\s*")
+_BULLET = re.compile(r"^(?:[-*•]|\d+[.)])\s+")
+_WORD = re.compile(r"\w[\w'\u2019-]*")
+
+# What makes a sentence worth keeping: a digit (amounts, dates, times, codes), an
+# identifier-looking token, a decision or commitment, or a capitalised word that is not
+# just an ordinary sentence opener (names, places, products, months).
+_DIGIT = re.compile(r"\d")
+_IDENTIFIER = re.compile(r"@|https?://|www\.|#\w|\w_\w|\b[A-Z]{2,}\b")
+_DECISION = re.compile(
+    r"\b(?:agree\w*|decid\w*|decision\w*|confirm\w*|book(?:s|ed|ing)?|cancel\w*|will|"
+    r"won't|must|shall|need(?:s|ed)?|requir\w*|approv\w*|reject\w*|chose|chosen|choose|"
+    r"select\w*|prefer\w*|want(?:s|ed)?|deadline\w*|schedul\w*|order(?:s|ed)?|paid|"
+    r"pay(?:s|ing|ment)?|refund\w*|pending|promis\w*|accept\w*|declin\w*|reserv\w*|"
+    r"assign\w*|deliver\w*|ship(?:s|ped|ping)?|plan(?:s|ned)?|going to|go(?:ing)? with|"
+    r"should|never|always|allerg\w*|budget)\b",
+    re.IGNORECASE,
+)
+_COMMON_WORDS = """
+    a about after again all also alright an and any are as at be because before but by can
+    could did do does done for from good got great he hello her here hey hi his how i i'd
+    i'll i'm i've if in is it it's its just let let's maybe me my no not now of oh ok okay
+    on one or our perfect please right she so some sorry sounds sure thank thanks that
+    that's the their then there these they this those to uh um up us was we we'll we're
+    well were what when where which while who why with would yes yeah yet you you'll
+    you're your
+"""
+_COMMON_CAPITALISED = frozenset(_COMMON_WORDS.split())
+
+_LABELS = {
+    "system": "System",
+    "developer": "Developer",
+    "user": "User",
+    "assistant": "Assistant",
+    "text": "Note",
+}
+
+
+@dataclass(frozen=True)
+class _Block:
+    role: str
+    text: str
+    name: str = ""
+    calls: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One kept sentence; consecutive units of a group render on one line."""
+
+    group: int
+    prefix: str
+    text: str
+
+
+class OfflineSummarizer(Summarizer):
+    """An EXTRACTIVE, deterministic summarizer that never leaves the process.
+
+    It parses the formatted history (role tags, tool calls and results, an optional
+    ``<summary-so-far>``) and keeps, in order, the sentences that carry names, numbers,
+    dates, identifiers or decisions, and every tool call with short arguments. A previous
+    summary is kept and the new facts appended; when over ``max_tokens`` the oldest lines go
+    first. If no sentence qualifies, the first sentence of each user message is kept, so a
+    non-blank history never yields a blank summary. The prompt is ignored, and so are options.
+    """
+
+    requires_network: ClassVar[bool] = False
+    deterministic: ClassVar[bool] = True
+
+    def summarize(self, *, prompt: str, history: str) -> str:
+        self.require_history(history)
+        previous, blocks = _parse(history)
+        units = _previous_units(previous) + _fact_units(blocks)
+        if not units:
+            raise SummarizerError(BLANK_INPUT)
+        return self._fit(units, max(int(self.max_tokens), 1))
+
+    def _fit(self, units: list[_Unit], budget: int) -> str:
+        """Render the newest units that fit in ``budget`` tokens, dropping the oldest first."""
+        costs = []
+        for index, unit in enumerate(units):
+            cost = count_text(unit.text, model=self.model) + 1
+            if index == 0 or units[index - 1].group != unit.group:
+                cost += count_text(unit.prefix, model=self.model)
+            costs.append(cost)
+        start, total = 0, sum(costs)
+        while total > budget and start < len(units) - 1:
+            total -= costs[start]
+            start += 1
+        # The estimate ignores tokenizer merges across joins: confirm on the real text.
+        text = _render(units[start:])
+        while count_text(text, model=self.model) > budget and start < len(units) - 1:
+            start += 1
+            text = _render(units[start:])
+        if count_text(text, model=self.model) > budget:
+            text = self._truncate(text, budget)
+        return text.strip()
+
+    def _truncate(self, text: str, budget: int) -> str:
+        encoding = encoding_for(self.model)
+        tokens = encoding.encode(text, disallowed_special=())
+        for keep in range(budget - 1, 0, -1):
+            candidate = encoding.decode(tokens[:keep]).rstrip().rstrip("\ufffd") + "…"
+            if candidate.strip("…") and count_text(candidate, model=self.model) <= budget:
+                return candidate
+        return encoding.decode(tokens[:budget]) or text[:1]
+
+
+def _parse(history: str) -> tuple[str, list[_Block]]:
+    """Split formatted history into the summary so far and the message blocks, in order.
+
+    Lenient: text outside any tag becomes a "text" block, so plain text still works.
+    """
+    previous = ""
+    match = _SUMMARY_SO_FAR.search(history)
+    if match:
+        previous = _unescape(match.group(1))
+        history = history[: match.start()] + history[match.end() :]
+    blocks: list[_Block] = []
+    position = 0
+    for match in _BLOCK.finditer(history):
+        _add_stray_text(blocks, history[position : match.start()])
+        position = match.end()
+        tag, attrs, body = match.group(1), _attributes(match.group(2)), match.group(3)
+        if tag == "tool-call":
+            blocks.append(_Block("assistant", "", calls=((attrs.get("name", ""), body),)))
+        elif tag == "tool-result":
+            blocks.append(_Block("tool", _unescape(body), name=attrs.get("name", "")))
+        else:
+            calls = tuple(
+                (_attributes(call.group(1)).get("name", ""), call.group(2))
+                for call in _TOOL_CALL.finditer(body)
+            )
+            text = _unescape(_TOOL_CALL.sub(" ", body))
+            blocks.append(_Block(tag, text, calls=calls))
+    _add_stray_text(blocks, history[position:])
+    return previous, blocks
+
+
+def _add_stray_text(blocks: list[_Block], text: str) -> None:
+    text = _unescape(_STRAY_TAG.sub(" ", text))
+    if text.strip():
+        blocks.append(_Block("text", text))
+
+
+def _attributes(text: str) -> dict[str, str]:
+    return {key: html.unescape(value) for key, value in _ATTR.findall(text)}
+
+
+def _unescape(text: str) -> str:
+    return html.unescape(text).strip()
+
+
+def _previous_units(previous: str) -> list[_Unit]:
+    """The summary so far, sentence by sentence, each line keeping its bullet."""
+    lines = previous.splitlines()
+    units: list[_Unit] = []
+    for group, line in enumerate(lines, start=-len(lines)):
+        line = line.strip()
+        bullet = _BULLET.match(line)
+        prefix = bullet.group(0) if bullet else ""
+        sentences = _sentences(line[len(prefix) :], clip=0)
+        units.extend(_Unit(group, prefix, sentence) for sentence in sentences)
+    return units
+
+
+def _fact_units(blocks: list[_Block]) -> list[_Unit]:
+    units: list[_Unit] = []
+    seen: set[str] = set()
+    for group, block in enumerate(blocks):
+        if block.role == "tool":
+            prefix = f"- {block.name or 'Tool'} returned: "
+            facts = [s for s in _sentences(block.text, clip=MAX_RESULT_CHARS) if _carries_fact(s)]
+            facts = facts[:MAX_RESULT_SENTENCES]
+        else:
+            prefix = f"- {_LABELS.get(block.role, block.role.capitalize())}: "
+            facts = [s for s in _sentences(block.text) if _carries_fact(s)]
+        for sentence in facts:
+            key = " ".join(sentence.casefold().split())
+            if key not in seen:
+                seen.add(key)
+                units.append(_Unit(group * 1000, prefix, sentence))
+        for offset, (name, arguments) in enumerate(block.calls, start=1):
+            arguments = _clip(" ".join(_unescape(arguments).split()), MAX_ARGUMENT_CHARS)
+            call = f"{name or 'tool'}({arguments})"
+            units.append(_Unit(group * 1000 + offset, "- Called ", call))
+    if units:
+        return units
+    # Nothing qualified: keep the first sentence of each user message (of each message,
+    # when there is no user message) rather than return nothing.
+    for role in ("user", None):
+        for group, block in enumerate(blocks):
+            if role is None or block.role == role:
+                first = next(_sentences(block.text), None)
+                if first:
+                    label = _LABELS.get(block.role, block.role.capitalize())
+                    units.append(_Unit(group * 1000, f"- {label}: ", first))
+        if units:
+            break
+    return units
+
+
+def _sentences(text: str, clip: int = MAX_SENTENCE_CHARS) -> Iterator[str]:
+    for piece in _SENTENCE_BREAK.split(text):
+        sentence = _BULLET.sub("", " ".join(piece.split()))
+        if sentence:
+            yield _clip(sentence, clip) if clip else sentence
+
+
+def _carries_fact(sentence: str) -> bool:
+    if _DIGIT.search(sentence) or _IDENTIFIER.search(sentence) or _DECISION.search(sentence):
+        return True
+    return any(
+        word[0].isupper() and word.casefold().replace("\u2019", "'") not in _COMMON_CAPITALISED
+        for word in _WORD.findall(sentence)
+    )
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _render(units: list[_Unit]) -> str:
+    lines: list[str] = []
+    group: int | None = None
+    for unit in units:
+        if lines and unit.group == group:
+            lines[-1] += " " + unit.text
+        else:
+            lines.append(unit.prefix + unit.text)
+        group = unit.group
+    return "\n".join(lines)

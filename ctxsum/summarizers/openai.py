@@ -1,0 +1,220 @@
+"""The OpenAI-compatible summarizer: one chat completion against any base URL.
+
+Works with OpenAI, Azure's OpenAI-compatible endpoint, vLLM, Ollama, llama.cpp and anything
+else that speaks ``POST /v1/chat/completions``. This is the only module importing ``openai``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from numbers import Real
+from typing import Any, ClassVar
+
+import openai
+from django.core import checks
+
+from ctxsum.exceptions import SummarizerError
+from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer
+
+logger = logging.getLogger("ctxsum.summarizers")
+
+OPTIONS = frozenset({"base_url", "api_key", "temperature", "extra_body"})
+# Local servers (vLLM, Ollama, llama.cpp) ignore the key, but the client insists on one.
+PLACEHOLDER_API_KEY = "not-needed"
+
+TIMED_OUT = "The summarizer timed out after {timeout:g}s."
+HTTP_ERROR = "The summarizer answered HTTP {status}."
+CONNECTION_FAILED = "Could not connect to the summarizer at {base_url}."
+MALFORMED_RESPONSE = "The summarizer returned a malformed response."
+NO_CHOICES = "The summarizer returned no choices."
+NO_MESSAGE = "The summarizer returned a choice without a message."
+CLIENT_FAILED = "The OpenAI client could not be created."
+CALL_FAILED = "The summarizer call failed."
+
+E_BLANK_MODEL = "ctxsum.E010"
+E_BAD_OPTION = "ctxsum.E012"
+W_NO_CREDENTIALS = "ctxsum.W010"
+BLANK_MODEL = "SUMMARY_MODEL is blank: the OpenAI summarizer needs a model name."
+BAD_OPTION = "SUMMARIZER_OPTIONS[{name!r}] must be {expected}."
+NO_CREDENTIALS = "The OpenAI summarizer has no API key and no base URL."
+
+_OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "base_url": ((str,), "a string"),
+    "api_key": ((str,), "a string"),
+    "temperature": ((Real,), "a number"),
+    "extra_body": ((Mapping,), "a dict"),
+}
+_DETAIL_CHARS = 200
+
+
+class OpenAISummarizer(Summarizer):
+    """Summarizes with one ``chat.completions.create`` call: the prompt as the system
+    message, the history as one user message. The client's own retries are off: one attempt.
+
+    Options: ``base_url`` and ``api_key`` (default: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``),
+    ``temperature``, ``extra_body`` (extra JSON fields, e.g. for vLLM).
+    """
+
+    requires_network: ClassVar[bool] = True
+    deterministic: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        timeout: float,
+        max_tokens: int,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(model=model, timeout=timeout, max_tokens=max_tokens, options=options)
+        self._client: openai.OpenAI | None = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def client(self) -> openai.OpenAI:
+        """The instance's one client, created on first use: building it with no credentials
+        raises, and system checks must be able to inspect a misconfigured backend."""
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._build_client()
+        return self._client
+
+    def _build_client(self) -> openai.OpenAI:
+        base_url = self.options.get("base_url") or None
+        api_key = self.options.get("api_key") or None
+        has_base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        if api_key is None and not os.environ.get("OPENAI_API_KEY") and has_base_url:
+            api_key = PLACEHOLDER_API_KEY
+        try:
+            return openai.OpenAI(
+                api_key=api_key, base_url=base_url, timeout=self.timeout, max_retries=0
+            )
+        except openai.OpenAIError as exc:
+            raise SummarizerError(f"{CLIENT_FAILED} {exc}", cause=exc) from exc
+
+    def summarize(self, *, prompt: str, history: str) -> str:
+        self.require_history(history)
+        client = self.client
+        extra: dict[str, Any] = {}
+        if self.options.get("temperature") is not None:
+            extra["temperature"] = self.options["temperature"]
+        if self.options.get("extra_body"):
+            extra["extra_body"] = dict(self.options["extra_body"])
+        try:
+            response = client.chat.completions.create(
+                model=self.model,
+                messages=[
+                    {"role": "system", "content": prompt},
+                    {"role": "user", "content": history},
+                ],
+                max_tokens=self.max_tokens,
+                **extra,
+            )
+        # APITimeoutError is an APIConnectionError: it must come first.
+        except openai.APITimeoutError as exc:
+            raise SummarizerError(TIMED_OUT.format(timeout=float(self.timeout)), cause=exc) from exc
+        except openai.APIConnectionError as exc:
+            # Userinfo in a base URL would be a credential: keep it out of the message.
+            message = CONNECTION_FAILED.format(base_url=client.base_url.copy_with(userinfo=b""))
+            raise SummarizerError(message, cause=exc) from exc
+        except openai.APIStatusError as exc:
+            message = HTTP_ERROR.format(status=exc.status_code)
+            detail = _error_detail(exc)
+            raise SummarizerError(f"{message} {detail}" if detail else message, cause=exc) from exc
+        except (openai.APIResponseValidationError, ValueError) as exc:
+            # A 200 whose JSON body does not parse surfaces as json.JSONDecodeError.
+            raise SummarizerError(MALFORMED_RESPONSE, cause=exc) from exc
+        except openai.OpenAIError as exc:
+            raise SummarizerError(f"{CALL_FAILED} {exc}", cause=exc) from exc
+        return _summary_text(response)
+
+    def check(self) -> list[checks.CheckMessage]:
+        errors: list[checks.CheckMessage] = []
+        obj = self.dotted_path()
+        if not isinstance(self.model, str) or not self.model.strip():
+            errors.append(
+                checks.Error(
+                    BLANK_MODEL,
+                    hint='Set CTXSUM["SUMMARY_MODEL"], e.g. "gpt-4o-mini".',
+                    obj=obj,
+                    id=E_BLANK_MODEL,
+                )
+            )
+        errors.extend(self.unknown_options(OPTIONS))
+        for name, (types, expected) in _OPTION_TYPES.items():
+            value = self.options.get(name)
+            if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+                errors.append(
+                    checks.Error(
+                        BAD_OPTION.format(name=name, expected=expected), obj=obj, id=E_BAD_OPTION
+                    )
+                )
+        has_key = self.options.get("api_key") or os.environ.get("OPENAI_API_KEY")
+        has_base_url = self.options.get("base_url") or os.environ.get("OPENAI_BASE_URL")
+        if not has_key and not has_base_url:
+            errors.append(
+                checks.Warning(
+                    NO_CREDENTIALS,
+                    hint=(
+                        "Set OPENAI_API_KEY, or SUMMARIZER_OPTIONS['api_key'], or point "
+                        "SUMMARIZER_OPTIONS['base_url'] (or OPENAI_BASE_URL) at a local server."
+                    ),
+                    obj=obj,
+                    id=W_NO_CREDENTIALS,
+                )
+            )
+        return errors
+
+
+class MalformedResponse(ValueError):
+    """What exactly was wrong with a response that parsed: the ``cause`` of the error."""
+
+
+def _summary_text(response: Any) -> str:
+    """The stripped content of the first choice; anything else is an error.
+
+    The client does not validate responses: a non-JSON body with a non-JSON content type
+    comes back as a ``str``, a JSON ``null`` as ``None``, missing fields as missing attributes.
+    """
+
+    def fail(message: str, detail: str) -> SummarizerError:
+        return SummarizerError(message, cause=MalformedResponse(detail))
+
+    if response is None or isinstance(response, str | bytes):
+        raise fail(MALFORMED_RESPONSE, f"The body is not a chat completion: {response!r:.200}")
+    choices = getattr(response, "choices", None)
+    if choices is None:
+        raise fail(MALFORMED_RESPONSE, f"The completion has no choices: {response!r:.200}")
+    if not isinstance(choices, list) or not choices:
+        raise fail(NO_CHOICES, f"choices is {choices!r:.200}")
+    choice = choices[0]
+    message = getattr(choice, "message", None)
+    if message is None:
+        raise fail(NO_MESSAGE, f"The first choice has no message: {choice!r:.200}")
+    content = getattr(message, "content", None)
+    if not isinstance(content, str) or not content.strip():
+        refusal = getattr(message, "refusal", None)
+        detail = f"content is {content!r:.200}"
+        if refusal:
+            detail += f", refusal: {refusal!r:.200}"
+        raise fail(BLANK_SUMMARY, detail)
+    if getattr(choice, "finish_reason", None) == "length":
+        logger.warning("The summary was cut off at max_tokens; consider raising it.")
+    return content.strip()
+
+
+def _error_detail(exc: openai.APIStatusError) -> str:
+    """The server's own error message, shortened, so operators can tell a 401 from a 404."""
+    body = exc.body
+    if isinstance(body, Mapping):
+        body = body.get("error", body)
+    if isinstance(body, Mapping):
+        body = body.get("message")
+    if not isinstance(body, str):
+        return ""
+    detail = " ".join(body.split())
+    return detail[:_DETAIL_CHARS] + ("…" if len(detail) > _DETAIL_CHARS else "")

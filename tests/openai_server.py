@@ -1,0 +1,235 @@
+"""A small OpenAI-compatible server for the tests, standard library only.
+
+``FakeOpenAI`` answers ``POST /v1/chat/completions`` on 127.0.0.1 from a daemon thread and
+records every request. Set ``mode`` to choose the answer:
+
+- ``"ok"``: a valid chat.completion whose content is a deterministic summary of the user
+  message (or ``reply`` when set);
+- ``"error"``: HTTP ``error_status`` (500) with an OpenAI-style JSON error body;
+- ``"slow"``: wait ``delay`` seconds, then answer as ``"ok"``;
+- ``"blank"`` / ``"null"``: content ``""`` / ``null``;
+- ``"malformed"``: 200, ``Content-Type: application/json``, body ``{not json``;
+- ``"text"``: 200, ``Content-Type: text/plain``, a body that is not JSON;
+- ``"no_choices"``: a chat.completion with ``choices: []``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+COMPLETIONS_PATH = "/v1/chat/completions"
+MODES = frozenset({"ok", "error", "slow", "blank", "null", "malformed", "text", "no_choices"})
+
+
+def fake_summary(user_content: str) -> str:
+    """The summary the fake answers with in "ok" mode."""
+    return f"Summary of {len(user_content)} chars: {user_content[:80]}"
+
+
+class FakeOpenAI:
+    """A running fake; ``base_url`` is what the openai client wants (``…/v1``)."""
+
+    def __init__(self, *, mode: str = "ok", delay: float = 2.0) -> None:
+        self.mode = mode
+        self.delay = delay
+        self.reply: str | None = None
+        self.error_status = 500
+        self.requests: list[dict[str, Any]] = []
+        self._condition = threading.Condition()
+        self._closing = threading.Event()
+        self._in_flight = 0
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.fake = self
+        self.port: int = self._server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-openai-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests received and not yet answered."""
+        with self._condition:
+            return self._in_flight
+
+    def wait_for_requests(self, count: int = 1, timeout: float = 5.0) -> bool:
+        """Block until ``count`` requests have arrived (True) or ``timeout`` passes (False)."""
+        with self._condition:
+            return self._condition.wait_for(lambda: len(self.requests) >= count, timeout)
+
+    def wait_for_in_flight(self, count: int, timeout: float = 5.0) -> bool:
+        """Block until exactly ``count`` requests are in flight (True) or ``timeout`` passes."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._in_flight == count, timeout)
+
+    def reset(self) -> None:
+        """Forget recorded requests and go back to "ok"."""
+        with self._condition:
+            self.requests.clear()
+        self.mode, self.reply, self.error_status = "ok", None, 500
+
+    def close(self) -> None:
+        """Stop serving; a sleeping "slow" handler wakes up and its client gets cut off."""
+        self._closing.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeOpenAI:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _record(self, request: dict[str, Any]) -> None:
+        with self._condition:
+            self.requests.append(request)
+            self._in_flight += 1
+            self._condition.notify_all()
+
+    def _done(self) -> None:
+        with self._condition:
+            self._in_flight -= 1
+            self._condition.notify_all()
+
+    def _answer(self, body: Any) -> tuple[int, str, bytes]:
+        """Status, content type and body for one chat completion request."""
+        mode = self.mode
+        if mode not in MODES:
+            return 500, "application/json", _json({"error": {"message": f"Bad mode {mode!r}"}})
+        if mode == "slow":
+            self._closing.wait(self.delay)
+        if mode == "error":
+            error = {
+                "error": {
+                    "message": "The fake server had an error.",
+                    "type": "server_error",
+                    "param": None,
+                    "code": None,
+                }
+            }
+            return self.error_status, "application/json", _json(error)
+        if mode == "malformed":
+            return 200, "application/json", b"{not json"
+        if mode == "text":
+            return 200, "text/plain", b"this is not a chat completion"
+        user = _user_content(body)
+        content = {"blank": "", "null": None}.get(
+            mode, self.reply if self.reply is not None else fake_summary(user)
+        )
+        choices = [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ]
+        completion_tokens = len(content or "") // 4 + 1
+        prompt_tokens = sum(len(str(m.get("content") or "")) for m in _messages(body)) // 4 + 1
+        completion = {
+            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": 1_700_000_000,
+            "model": body.get("model", "") if isinstance(body, dict) else "",
+            "choices": [] if mode == "no_choices" else choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+        return 200, "application/json", _json(completion)
+
+
+def fake_openai_fixture() -> Iterator[FakeOpenAI]:
+    """A started ``FakeOpenAI``, closed afterwards; register with ``pytest.fixture``."""
+    server = FakeOpenAI()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeOpenAI
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out has hung up before the slow answer: not worth a traceback.
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_POST(self) -> None:
+        if self.path.split("?")[0] != COMPLETIONS_PATH:
+            self._send(404, "application/json", _json({"error": {"message": "Not found."}}))
+            return
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        fake = self.server.fake
+        fake._record(
+            {
+                "method": "POST",
+                "path": self.path,
+                "headers": {key.lower(): value for key, value in self.headers.items()},
+                "body": body,
+            }
+        )
+        try:
+            if body is None:
+                error = {"error": {"message": "Request body is not JSON.", "type": "invalid"}}
+                self._send(400, "application/json", _json(error))
+            else:
+                self._send(*fake._answer(body))
+        finally:
+            fake._done()
+
+    def do_GET(self) -> None:
+        self._send(404, "application/json", _json({"error": {"message": "Not found."}}))
+
+    def _send(self, status: int, content_type: str, payload: bytes) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def _messages(body: Any) -> list[dict[str, Any]]:
+    messages = body.get("messages") if isinstance(body, dict) else None
+    return [m for m in messages or [] if isinstance(m, dict)]
+
+
+def _user_content(body: Any) -> str:
+    """The last user message's text (text parts joined when it is a list of parts)."""
+    for message in reversed(_messages(body)):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            return content or ""
+    return ""

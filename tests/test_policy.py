@@ -1,0 +1,690 @@
+"""ctxsum.policy: trigger, retention, pinned front, safe tool boundary, the compaction plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxsum.policy import (
+    KEEP_NOT_BELOW_TRIGGER,
+    KEEP_NOT_ONE_UNIT,
+    NOT_AN_OBJECT,
+    NOT_POSITIVE_INT,
+    TRIGGER_EMPTY,
+    UNKNOWN_KEYS,
+    Keep,
+    Plan,
+    Policy,
+    PolicyError,
+    Reason,
+    Trigger,
+    history_start,
+    pair_tool_results,
+    parse_keep,
+    parse_policy,
+    parse_trigger,
+    plan_compaction,
+    retention_cutoff,
+    safe_cutoff,
+)
+from ctxsum.tokens import REPLY_PRIMING
+
+Message = dict[str, Any]
+
+
+def system(text: str = "You are a travel assistant.") -> Message:
+    return {"role": "system", "content": text}
+
+
+def summary(text: str = "Here is a summary of the conversation so far:\n\nearlier") -> Message:
+    return {"role": "user", "content": text}
+
+
+def user(text: str = "hi") -> Message:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str | None = "ok", calls: tuple[str, ...] = ()) -> Message:
+    message: Message = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+            for call_id in calls
+        ]
+    return message
+
+
+def result(call_id: str, text: str = "20 C") -> Message:
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def policy(trigger: dict[str, int], keep: dict[str, int]) -> Policy:
+    return parse_policy(trigger, keep)
+
+
+def turns(count: int) -> list[Message]:
+    return [user(f"u{i}") if i % 2 == 0 else assistant(f"a{i}") for i in range(count)]
+
+
+# --- trigger ---------------------------------------------------------------------------
+
+
+def test_four_messages_stay_below_a_five_message_trigger() -> None:
+    messages = turns(4)
+    plan = plan_compaction(
+        messages,
+        [10] * 4,
+        leading=False,
+        has_summary=False,
+        policy=policy({"messages": 5}, {"messages": 2}),
+    )
+    assert plan.reason is Reason.BELOW_TRIGGER
+    assert not plan.compacts
+    assert plan.cutoff == plan.start == 0
+    assert plan.message_count_after == plan.message_count_before == 4
+
+
+def test_five_messages_archive_all_but_the_last_two() -> None:
+    messages = turns(5)
+    plan = plan_compaction(
+        messages,
+        [10, 11, 12, 13, 14],
+        leading=False,
+        has_summary=False,
+        policy=policy({"messages": 5}, {"messages": 2}),
+    )
+    assert plan.reason is Reason.COMPACTED
+    assert plan.compacts
+    assert (plan.start, plan.cutoff) == (0, 3)
+    assert plan.message_count_before == 5
+    assert plan.tokens_before == 60 + REPLY_PRIMING
+    # One new summary (no old one to estimate its size from) plus the two kept messages.
+    assert plan.message_count_after == 3
+    assert plan.tokens_after == 13 + 14 + REPLY_PRIMING
+
+
+def test_five_messages_with_system_message_keep_it_pinned() -> None:
+    messages = [system(), *turns(4)]
+    plan = plan_compaction(
+        messages,
+        [7, 10, 11, 12, 13],
+        leading=True,
+        has_summary=False,
+        policy=policy({"messages": 5}, {"messages": 2}),
+    )
+    assert plan.compacts
+    assert (plan.start, plan.cutoff) == (1, 3)
+    assert messages[plan.start : plan.cutoff] == messages[1:3]
+    assert plan.message_count_after == 4
+    assert plan.tokens_after == 7 + 12 + 13 + REPLY_PRIMING
+
+
+def test_both_trigger_keys_must_be_reached() -> None:
+    trigger = Trigger(messages=4, tokens=100)
+    assert not trigger.reached(4, 99)
+    assert not trigger.reached(3, 100)
+    assert not trigger.reached(3, 99)
+    assert trigger.reached(4, 100)
+    assert trigger.reached(40, 1000)
+
+    rule = policy({"messages": 4, "tokens": 100}, {"messages": 1})
+    many_small = plan_compaction(turns(6), [5] * 6, leading=False, has_summary=False, policy=rule)
+    few_large = plan_compaction(turns(3), [200] * 3, leading=False, has_summary=False, policy=rule)
+    both = plan_compaction(turns(4), [30] * 4, leading=False, has_summary=False, policy=rule)
+    assert many_small.reason is Reason.BELOW_TRIGGER
+    assert few_large.reason is Reason.BELOW_TRIGGER
+    assert both.reason is Reason.COMPACTED
+
+
+def test_thresholds_are_inclusive() -> None:
+    assert Trigger(messages=5).reached(5, 0)
+    assert not Trigger(messages=5).reached(4, 10**9)
+    assert Trigger(tokens=100).reached(1, 100)
+    assert not Trigger(tokens=100).reached(10**6, 99)
+
+    rule = policy({"tokens": 100}, {"messages": 1})
+    # context_tokens adds the reply priming to the messages' own counts.
+    exactly = [40, 100 - REPLY_PRIMING - 40]
+    one_below = [40, 100 - REPLY_PRIMING - 41]
+    at = plan_compaction(turns(2), exactly, leading=False, has_summary=False, policy=rule)
+    below = plan_compaction(turns(2), one_below, leading=False, has_summary=False, policy=rule)
+    assert at.tokens_before == 100
+    assert at.reason is Reason.COMPACTED
+    assert below.tokens_before == 99
+    assert below.reason is Reason.BELOW_TRIGGER
+
+
+def test_a_trigger_without_keys_never_fires() -> None:
+    assert not Trigger().reached(10**6, 10**9)
+
+
+# --- retention -------------------------------------------------------------------------
+
+
+def test_message_retention_keeps_the_last_n_but_never_goes_before_start() -> None:
+    assert retention_cutoff([1] * 10, start=1, keep=Keep(messages=3)) == 7
+    assert retention_cutoff([1] * 10, start=1, keep=Keep(messages=9)) == 1
+    assert retention_cutoff([1] * 10, start=2, keep=Keep(messages=50)) == 2
+
+
+def test_token_retention_keeps_whole_messages_newest_first() -> None:
+    tokens = [50, 40, 30, 20, 10]
+    assert retention_cutoff(tokens, start=0, keep=Keep(tokens=35)) == 3
+    # The budget is inclusive: 10 + 20 fits in 30 exactly, one token less does not.
+    assert retention_cutoff(tokens, start=0, keep=Keep(tokens=30)) == 3
+    assert retention_cutoff(tokens, start=0, keep=Keep(tokens=29)) == 4
+    assert retention_cutoff(tokens, start=0, keep=Keep(tokens=60)) == 2
+    # A message that does not fit stops the walk: nothing older is kept past it.
+    assert retention_cutoff([1, 100, 1], start=0, keep=Keep(tokens=50)) == 2
+
+
+def test_token_retention_always_keeps_the_newest_message() -> None:
+    assert retention_cutoff([5, 5, 100], start=0, keep=Keep(tokens=10)) == 2
+    assert retention_cutoff([5, 5, 100], start=2, keep=Keep(tokens=10)) == 2
+
+
+def test_token_retention_never_goes_before_start() -> None:
+    assert retention_cutoff([1, 1, 1, 1], start=2, keep=Keep(tokens=100)) == 2
+
+
+def test_history_start_counts_the_pinned_messages() -> None:
+    assert history_start(leading=False, has_summary=False) == 0
+    assert history_start(leading=True, has_summary=False) == 1
+    assert history_start(leading=False, has_summary=True) == 1
+    assert history_start(leading=True, has_summary=True) == 2
+
+
+def test_system_message_and_summary_are_never_archived() -> None:
+    pinned = [system(), summary()]
+    messages = [*pinned, *turns(8)]
+    tokens = [500, 300, *[10] * 8]
+    plan = plan_compaction(
+        messages,
+        tokens,
+        leading=True,
+        has_summary=True,
+        policy=policy({"messages": 6}, {"messages": 1}),
+    )
+    assert plan.compacts
+    assert plan.start == 2
+    archived = messages[plan.start : plan.cutoff]
+    assert all(message is not pinned[0] and message is not pinned[1] for message in archived)
+    assert plan.cutoff == 9
+    # Pinned system message, a new summary the size of the old one, one kept message.
+    assert plan.message_count_after == 3
+    assert plan.tokens_after == 500 + 300 + 10 + REPLY_PRIMING
+
+
+# --- tool boundary ---------------------------------------------------------------------
+
+
+def test_pair_tool_results_pairs_each_result_with_its_request() -> None:
+    messages = [
+        user("weather?"),
+        assistant(None, calls=("call-1", "call-2")),
+        result("call-1"),
+        result("call-2"),
+        result("nobody"),
+        {"role": "tool", "content": "no id at all"},
+        user("thanks"),
+    ]
+    assert pair_tool_results(messages) == {2: 1, 3: 1, 4: None, 5: None}
+
+
+def test_repeated_ids_pair_with_the_nearest_earlier_request() -> None:
+    messages = [
+        result("call_1"),
+        assistant(None, calls=("call_1",)),
+        result("call_1"),
+        user("again"),
+        assistant(None, calls=("call_1",)),
+        result("call_1"),
+        user("thanks"),
+    ]
+    assert pair_tool_results(messages) == {0: None, 2: 1, 5: 4}
+    assert safe_cutoff(messages, start=0, candidate=5) == 4
+    assert safe_cutoff(messages, start=0, candidate=2) == 1
+    assert safe_cutoff(messages, start=0, candidate=3) == 3
+
+
+def test_every_cutoff_inside_parallel_results_moves_back_to_the_request() -> None:
+    call_ids = tuple(f"call-{i}" for i in range(10))
+    messages = [
+        system(),
+        user("check ten cities"),
+        assistant(None, calls=call_ids),
+        *[result(call_id) for call_id in call_ids],
+        user("which is cooler?"),
+        assistant("Delhi"),
+    ]
+    request = 2
+    for candidate in range(request + 1, request + 1 + len(call_ids)):
+        assert safe_cutoff(messages, start=1, candidate=candidate) == request, candidate
+    assert safe_cutoff(messages, start=1, candidate=request) == request
+    assert safe_cutoff(messages, start=1, candidate=13) == 13
+
+
+def test_results_in_reverse_order_still_move_back() -> None:
+    messages = [
+        user("go"),
+        assistant(None, calls=("a", "b", "c")),
+        result("c"),
+        result("b"),
+        result("a"),
+        user("next"),
+    ]
+    for candidate in (2, 3, 4):
+        assert safe_cutoff(messages, start=0, candidate=candidate) == 1
+
+
+def test_moving_back_repeats_until_stable() -> None:
+    messages = [
+        user("go"),
+        assistant(None, calls=("a",)),
+        assistant(None, calls=("b",)),
+        result("b"),
+        result("a"),
+        user("next"),
+    ]
+    # Moving back to the request of "b" brings the result of "a" into the tail, whose
+    # request is earlier still.
+    assert safe_cutoff(messages, start=0, candidate=3) == 1
+    assert safe_cutoff(messages, start=0, candidate=2) == 1
+
+
+def test_moving_back_can_bring_in_results_of_an_earlier_request() -> None:
+    messages = [
+        user("go"),
+        assistant(None, calls=("a",)),
+        assistant(None, calls=("b",)),
+        result("a"),
+        result("b"),
+        user("next"),
+    ]
+    # Cutting at "b"'s result moves back to its request at 2, which puts the result of
+    # "a" (index 3) in the tail, so the cutoff moves back again to 1.
+    assert safe_cutoff(messages, start=0, candidate=4) == 1
+
+
+def test_the_cutoff_never_moves_before_start() -> None:
+    messages = [system(), assistant(None, calls=("a",)), result("a"), user("next")]
+    assert safe_cutoff(messages, start=1, candidate=2) == 1
+    assert safe_cutoff(messages, start=1, candidate=0) == 1
+
+
+def test_orphaned_results_are_skipped_forward() -> None:
+    messages = [
+        user("old conversation"),
+        assistant("old answer"),
+        result("unknown-1"),
+        result("unknown-2"),
+        user("continue"),
+    ]
+    assert safe_cutoff(messages, start=0, candidate=2) == 4
+    assert safe_cutoff(messages, start=0, candidate=3) == 4
+
+
+def test_skipping_orphans_never_archives_the_newest_message() -> None:
+    messages = [user("old"), assistant("answer"), result("unknown-1"), result("unknown-2")]
+    assert safe_cutoff(messages, start=0, candidate=2) == 3
+
+
+def test_results_of_a_pinned_request_count_as_orphans() -> None:
+    messages = [system(), assistant(None, calls=("a",)), result("a"), result("a"), user("go")]
+    assert safe_cutoff(messages, start=2, candidate=2) == 4
+
+
+def test_orphans_behind_a_kept_request_are_not_skipped() -> None:
+    messages = [
+        user("old"),
+        assistant(None, calls=("a",)),
+        result("unknown"),
+        result("a"),
+        user("next"),
+    ]
+    # The cutoff moves back to the request of "a"; the orphan between stays in the tail.
+    assert safe_cutoff(messages, start=0, candidate=2) == 1
+
+
+def test_safe_cutoff_handles_long_conversations_in_linear_time() -> None:
+    call_ids = tuple(f"call-{i}" for i in range(20_000))
+    messages = [user("go"), assistant(None, calls=call_ids), *map(result, call_ids), user("x")]
+    assert safe_cutoff(messages, start=0, candidate=10_000) == 1
+
+
+# --- the plan --------------------------------------------------------------------------
+
+
+def test_kept_tail_over_trigger_skips_instead_of_looping() -> None:
+    messages = [system(), *turns(5)]
+    tokens = [10, 20, 20, 20, 20, 150]
+    rule = policy({"tokens": 100}, {"tokens": 50})
+    plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+    # The newest message alone (150) is over the trigger, so compacting cannot get below it.
+    assert plan.reason is Reason.KEPT_TAIL_OVER_TRIGGER
+    assert not plan.compacts
+    assert plan.cutoff == 5
+    assert plan.tokens_after == 10 + 150 + REPLY_PRIMING
+
+    forced = plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, force=True
+    )
+    assert forced.reason is Reason.COMPACTED
+    assert (forced.start, forced.cutoff) == (1, 5)
+
+
+def test_an_old_summary_counts_toward_the_tail_check() -> None:
+    messages = [summary(), *turns(4)]
+    rule = policy({"tokens": 100}, {"messages": 1})
+    small = plan_compaction(
+        messages, [30, 20, 20, 20, 20], leading=False, has_summary=True, policy=rule
+    )
+    large = plan_compaction(
+        messages, [80, 5, 5, 5, 20], leading=False, has_summary=True, policy=rule
+    )
+    assert small.reason is Reason.COMPACTED
+    assert small.tokens_after == 30 + 20 + REPLY_PRIMING
+    assert large.reason is Reason.KEPT_TAIL_OVER_TRIGGER
+    assert large.tokens_after == 80 + 20 + REPLY_PRIMING
+
+
+def test_force_skips_the_trigger_but_respects_tool_boundaries() -> None:
+    messages = [
+        system(),
+        user("weather?"),
+        assistant(None, calls=("a", "b")),
+        result("a"),
+        result("b"),
+    ]
+    rule = policy({"messages": 50}, {"messages": 2})
+    unforced = plan_compaction(messages, [5] * 5, leading=True, has_summary=False, policy=rule)
+    forced = plan_compaction(
+        messages, [5] * 5, leading=True, has_summary=False, policy=rule, force=True
+    )
+    assert unforced.reason is Reason.BELOW_TRIGGER
+    assert forced.reason is Reason.COMPACTED
+    assert (forced.start, forced.cutoff) == (1, 2)
+
+
+def test_force_with_nothing_before_the_tail_does_nothing() -> None:
+    messages = [system(), assistant(None, calls=("a",)), result("a")]
+    plan = plan_compaction(
+        messages,
+        [5, 5, 5],
+        leading=True,
+        has_summary=False,
+        policy=policy({"messages": 50}, {"messages": 1}),
+        force=True,
+    )
+    assert plan.reason is Reason.NOTHING_TO_SUMMARIZE
+    assert plan.cutoff == plan.start == 1
+
+
+def test_a_conversation_of_pinned_messages_only_has_nothing_to_summarize() -> None:
+    plan = plan_compaction(
+        [system(), summary()],
+        [5, 5],
+        leading=True,
+        has_summary=True,
+        policy=policy({"messages": 2}, {"messages": 1}),
+    )
+    assert plan.reason is Reason.NOTHING_TO_SUMMARIZE
+
+
+def test_plan_rejects_token_counts_of_another_length() -> None:
+    with pytest.raises(ValueError, match="token counts"):
+        plan_compaction(
+            turns(3),
+            [1, 1],
+            leading=False,
+            has_summary=False,
+            policy=policy({"messages": 2}, {"messages": 1}),
+        )
+
+
+def test_reason_values_are_stable() -> None:
+    assert {reason.value for reason in Reason} == {
+        "below_trigger",
+        "nothing_to_summarize",
+        "kept_tail_over_trigger",
+        "in_progress",
+        "conflict",
+        "dry_run",
+        "compacted",
+    }
+    assert Reason.COMPACTED == "compacted"
+
+
+# --- parsing ---------------------------------------------------------------------------
+
+
+def test_parse_accepts_the_documented_forms() -> None:
+    assert parse_trigger({"messages": 20}) == Trigger(messages=20)
+    assert parse_trigger({"tokens": 8000}) == Trigger(tokens=8000)
+    assert parse_trigger({"messages": 20, "tokens": 8000}) == Trigger(messages=20, tokens=8000)
+    assert parse_keep({"messages": 6}) == Keep(messages=6)
+    assert parse_keep({"tokens": 2000}) == Keep(tokens=2000)
+    rule = parse_policy({"messages": 20, "tokens": 8000}, {"tokens": 2000})
+    assert rule == Policy(Trigger(messages=20, tokens=8000), Keep(tokens=2000))
+    # Different units never conflict: 50 kept messages may well fit under 8000 tokens.
+    assert parse_policy({"tokens": 8000}, {"messages": 50}).keep == Keep(messages=50)
+
+
+def test_as_dict_has_only_the_set_keys() -> None:
+    assert Trigger(messages=20).as_dict() == {"messages": 20}
+    assert Trigger(messages=20, tokens=8000).as_dict() == {"messages": 20, "tokens": 8000}
+    assert Keep(tokens=2000).as_dict() == {"tokens": 2000}
+    assert parse_trigger(Trigger(tokens=5).as_dict()) == Trigger(tokens=5)
+
+
+@pytest.mark.parametrize("value", [None, [], "messages", 20, ("messages", 20)])
+def test_parse_rejects_non_objects(value: object) -> None:
+    with pytest.raises(PolicyError) as trigger_error:
+        parse_trigger(value)
+    with pytest.raises(PolicyError) as keep_error:
+        parse_keep(value)
+    assert trigger_error.value.field == "trigger"
+    assert str(trigger_error.value) == NOT_AN_OBJECT.format(field="trigger")
+    assert keep_error.value.field == "keep"
+    assert str(keep_error.value) == NOT_AN_OBJECT.format(field="keep")
+
+
+@pytest.mark.parametrize("value", [0, -1, True, False, "20", 2.0, 1.5, [20], {"n": 1}])
+@pytest.mark.parametrize("unit", ["messages", "tokens"])
+def test_parse_rejects_amounts_that_are_not_positive_integers(value: object, unit: str) -> None:
+    for field, parse in (("trigger", parse_trigger), ("keep", parse_keep)):
+        with pytest.raises(PolicyError) as error:
+            parse({unit: value})
+        assert error.value.field == field
+        assert str(error.value) == NOT_POSITIVE_INT.format(field=field, unit=unit, value=value)
+
+
+def test_parse_rejects_unknown_keys() -> None:
+    with pytest.raises(PolicyError) as error:
+        parse_trigger({"messages": 5, "minutes": 3, "Tokens": 1})
+    assert error.value.field == "trigger"
+    assert str(error.value) == UNKNOWN_KEYS.format(field="trigger", keys="Tokens, minutes")
+    with pytest.raises(PolicyError) as error:
+        parse_keep({"message": 5})
+    assert error.value.field == "keep"
+
+
+@pytest.mark.parametrize("value", [{}, {"messages": None}, {"messages": None, "tokens": None}])
+def test_parse_rejects_an_empty_trigger(value: dict[str, Any]) -> None:
+    with pytest.raises(PolicyError) as error:
+        parse_trigger(value)
+    assert error.value.field == "trigger"
+    assert str(error.value) == TRIGGER_EMPTY
+
+
+@pytest.mark.parametrize("value", [{}, {"messages": 2, "tokens": 100}, {"tokens": None}])
+def test_parse_rejects_keep_without_exactly_one_unit(value: dict[str, Any]) -> None:
+    with pytest.raises(PolicyError) as error:
+        parse_keep(value)
+    assert error.value.field == "keep"
+    assert str(error.value) == KEEP_NOT_ONE_UNIT
+
+
+@pytest.mark.parametrize(
+    ("trigger", "keep", "unit", "kept", "limit"),
+    [
+        ({"messages": 5}, {"messages": 5}, "messages", 5, 5),
+        ({"messages": 5}, {"messages": 9}, "messages", 9, 5),
+        ({"messages": 20, "tokens": 1000}, {"tokens": 1000}, "tokens", 1000, 1000),
+    ],
+)
+def test_parse_policy_rejects_keep_not_below_trigger(
+    trigger: dict[str, int], keep: dict[str, int], unit: str, kept: int, limit: int
+) -> None:
+    with pytest.raises(PolicyError) as error:
+        parse_policy(trigger, keep)
+    assert error.value.field == "keep"
+    assert str(error.value) == KEEP_NOT_BELOW_TRIGGER.format(unit=unit, keep=kept, trigger=limit)
+
+
+def test_policy_errors_are_value_errors_and_checked_by_the_dataclasses_too() -> None:
+    assert issubclass(PolicyError, ValueError)
+    with pytest.raises(PolicyError):
+        Keep(messages=1, tokens=1)
+    with pytest.raises(PolicyError):
+        Keep()
+    with pytest.raises(PolicyError):
+        Trigger(messages=0)
+    with pytest.raises(PolicyError):
+        Policy(Trigger(messages=3), Keep(messages=3))
+
+
+# --- properties over random conversations ---------------------------------------------
+
+CALL_IDS = [f"call_{i}" for i in range(6)]
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> tuple[list[Message], list[int], bool, bool]:
+    leading = draw(st.booleans())
+    has_summary = draw(st.booleans())
+    messages: list[Message] = []
+    if leading:
+        messages.append(system())
+    if has_summary:
+        messages.append(summary())
+    kinds = st.sampled_from(["user", "assistant", "tools", "tools", "orphan"])
+    for kind in draw(st.lists(kinds, min_size=1, max_size=25)):
+        if kind == "user":
+            messages.append(user())
+        elif kind == "assistant":
+            messages.append(assistant())
+        elif kind == "orphan":
+            messages.append(result(draw(st.sampled_from(["lost_1", "lost_2", *CALL_IDS]))))
+        else:
+            # Ids are unique within one message but come back in later messages.
+            call_ids = draw(
+                st.lists(st.sampled_from(CALL_IDS), min_size=1, max_size=5, unique=True)
+            )
+            messages.append(assistant(None, calls=tuple(call_ids)))
+            messages.extend(result(call_id) for call_id in draw(st.permutations(call_ids)))
+    tokens = draw(st.lists(st.integers(1, 300), min_size=len(messages), max_size=len(messages)))
+    return messages, tokens, leading, has_summary
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Policy:
+    if draw(st.booleans()):
+        keep = Keep(messages=draw(st.integers(1, 12)))
+    else:
+        keep = Keep(tokens=draw(st.integers(1, 1500)))
+    units = draw(st.sampled_from([("messages",), ("tokens",), ("messages", "tokens")]))
+    trigger = Trigger(
+        messages=draw(st.integers((keep.messages or 0) + 1, 30)) if "messages" in units else None,
+        tokens=draw(st.integers((keep.tokens or 0) + 1, 5000)) if "tokens" in units else None,
+    )
+    return Policy(trigger, keep)
+
+
+def requests_in_full_list(messages: list[Message]) -> dict[int, int]:
+    """Reference pairing, quadratic on purpose: nearest earlier request with the id."""
+    pairs = {}
+    for index, message in enumerate(messages):
+        if message["role"] != "tool":
+            continue
+        for earlier in range(index - 1, -1, -1):
+            calls = messages[earlier].get("tool_calls") or ()
+            if any(call["id"] == message["tool_call_id"] for call in calls):
+                pairs[index] = earlier
+                break
+    return pairs
+
+
+def tail_is_valid(messages: list[Message], cutoff: int) -> bool:
+    pairs = requests_in_full_list(messages)
+    return all(pairs[index] >= cutoff for index in range(cutoff, len(messages)) if index in pairs)
+
+
+@settings(max_examples=400, deadline=None)
+@given(conversation=conversations(), rule=policies(), force=st.booleans())
+def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
+    conversation: tuple[list[Message], list[int], bool, bool], rule: Policy, force: bool
+) -> None:
+    messages, tokens, leading, has_summary = conversation
+    plan = plan_compaction(
+        messages, tokens, leading=leading, has_summary=has_summary, policy=rule, force=force
+    )
+    count = len(messages)
+    start = int(leading) + int(has_summary)
+    assert isinstance(plan, Plan)
+    assert plan.start == start
+    assert plan.message_count_before == count
+    assert plan.tokens_before == sum(tokens) + REPLY_PRIMING
+    assert start <= plan.cutoff <= count - 1
+    assert tail_is_valid(messages, plan.cutoff)
+    archived = messages[plan.start : plan.cutoff]
+    assert all(message is not pinned for message in archived for pinned in messages[:start])
+    if force:
+        assert plan.reason in (Reason.COMPACTED, Reason.NOTHING_TO_SUMMARIZE)
+    if plan.compacts:
+        assert start < plan.cutoff
+        assert plan.message_count_after == int(leading) + 1 + count - plan.cutoff
+        summary_estimate = tokens[int(leading)] if has_summary else 0
+        assert plan.tokens_after == (
+            sum(tokens[: int(leading)])
+            + summary_estimate
+            + sum(tokens[plan.cutoff :])
+            + REPLY_PRIMING
+        )
+        if not force:
+            assert not rule.trigger.reached(plan.message_count_after, plan.tokens_after)
+    if plan.reason is Reason.KEPT_TAIL_OVER_TRIGGER:
+        assert rule.trigger.reached(plan.message_count_after, plan.tokens_after)
+    if plan.reason is Reason.BELOW_TRIGGER:
+        assert not force
+        assert not rule.trigger.reached(count, plan.tokens_before)
+
+
+@settings(max_examples=300, deadline=None)
+@given(conversation=conversations())
+def test_safe_cutoff_is_the_nearest_valid_cutoff(
+    conversation: tuple[list[Message], list[int], bool, bool],
+) -> None:
+    messages, _, leading, has_summary = conversation
+    start = int(leading) + int(has_summary)
+    count = len(messages)
+    reference = requests_in_full_list(messages)
+    assert pair_tool_results(messages) == {
+        index: reference.get(index) for index, m in enumerate(messages) if m["role"] == "tool"
+    }
+    for candidate in range(start, count):
+        cutoff = safe_cutoff(messages, start=start, candidate=candidate)
+        assert start <= cutoff <= count - 1
+        assert tail_is_valid(messages, cutoff)
+        if cutoff <= candidate:
+            # Moved back no further than needed: every cutoff in between splits a pair.
+            assert not any(tail_is_valid(messages, c) for c in range(cutoff + 1, candidate + 1))
+        else:
+            # Moved forward only over orphaned results, from a cutoff that was valid.
+            assert tail_is_valid(messages, candidate)
+            skipped = range(candidate, cutoff)
+            assert all(messages[i]["role"] == "tool" for i in skipped)
+            assert all(reference.get(i) is None or reference[i] < start for i in skipped)
