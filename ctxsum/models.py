@@ -93,7 +93,7 @@ class Message(models.Model):
     objects = MessageQuerySet.as_manager()
 
     class Meta:
-        ordering = ["conversation", "seq"]
+        ordering = ["conversation_id", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["conversation", "seq"], name="ctxsum_message_seq_uniq"),
         ]
@@ -171,7 +171,7 @@ class Summary(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["conversation", "-version"]
+        ordering = ["conversation_id", "-version"]
         verbose_name_plural = "summaries"
         constraints = [
             models.UniqueConstraint(

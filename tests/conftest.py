@@ -38,3 +38,30 @@ def other_api(other_user):
     client = APIClient()
     client.force_authenticate(other_user)
     return client
+
+
+@pytest.fixture
+def openai_server(monkeypatch):
+    """A running OpenAI-compatible server on 127.0.0.1 (see tests/openai_server.py)."""
+    from tests.openai_server import FakeOpenAI
+
+    # A proxy from the environment must not capture requests to the local server.
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    server = FakeOpenAI()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def openai_summarizer(openai_server, settings):
+    """CTXSUM pointed at the local server through the real openai backend."""
+    settings.CTXSUM = {
+        **getattr(settings, "CTXSUM", {}),
+        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
+        "SUMMARIZER_OPTIONS": {"base_url": openai_server.base_url, "api_key": "test-key"},
+        "SUMMARY_MODEL": "summary-model-1",
+        "SUMMARY_TIMEOUT": 1,
+    }
+    return openai_server

@@ -12,4 +12,8 @@ urlpatterns = [
     ),
     path("conversations/<uuid:pk>/messages/", views.MessageList.as_view(), name="message-list"),
     path("conversations/<uuid:pk>/context/", views.ContextDetail.as_view(), name="context"),
+    path(
+        "conversations/<uuid:pk>/compact/", views.ConversationCompact.as_view(), name="compact"
+    ),
+    path("conversations/<uuid:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
 ]

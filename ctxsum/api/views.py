@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import transaction
 from django.shortcuts import get_object_or_404
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
@@ -16,6 +17,7 @@ from rest_framework.reverse import reverse
 
 from ctxsum import selectors, services
 from ctxsum.api.serializers import (
+    CompactSerializer,
     ConversationCreateSerializer,
     ConversationSerializer,
     ConversationWriteSerializer,
@@ -23,8 +25,14 @@ from ctxsum.api.serializers import (
     summary_data,
 )
 from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import MessagesInvalid, TooLarge
+from ctxsum.exceptions import MessagesInvalid, SummarizerError, TooLarge
 from ctxsum.models import Conversation
+from ctxsum.policy import Reason
+from ctxsum.services.compaction import (
+    CompactionResult,
+    conversation_autocompact,
+    conversation_compact,
+)
 
 BODY_TOO_LARGE = "The request body is {size} bytes; the limit is {limit} bytes."
 
@@ -33,6 +41,12 @@ class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "The request is too large."
     default_code = "too_large"
+
+
+class SummarizerFailed(exceptions.APIException):
+    status_code = status.HTTP_502_BAD_GATEWAY
+    default_detail = "The summarizer failed; nothing was changed."
+    default_code = "summarizer_error"
 
 
 class Pagination(PageNumberPagination):
@@ -46,6 +60,12 @@ class CtxsumView(GenericAPIView):
 
     pagination_class = Pagination
 
+    @classmethod
+    def as_view(cls, **initkwargs: Any) -> Any:
+        # Services own their transactions: compaction must call the LLM outside of one and
+        # an auto compaction must follow a committed append, so ATOMIC_REQUESTS is opted out.
+        return transaction.non_atomic_requests(super().as_view(**initkwargs))
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         limit = ctxsum_settings.MAX_BODY_BYTES
@@ -54,16 +74,14 @@ class CtxsumView(GenericAPIView):
             raise PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
 
     def handle_exception(self, exc: Exception) -> Response:
-        if isinstance(exc, TooLarge):
-            exc = PayloadTooLarge(str(exc))
-        elif isinstance(exc, RequestDataTooBig):
+        if isinstance(exc, TooLarge | RequestDataTooBig):
             exc = PayloadTooLarge(str(exc))
         elif isinstance(exc, DjangoValidationError):
             exc = exceptions.ValidationError(
                 exc.message_dict if hasattr(exc, "error_dict") else exc.messages
             )
         response = super().handle_exception(exc)
-        if isinstance(exc, PayloadTooLarge):
+        if isinstance(exc, PayloadTooLarge | SummarizerFailed):
             response.data = {"detail": str(exc.detail), "code": exc.default_code}
         return response
 
@@ -164,7 +182,11 @@ class MessageList(CtxsumView):
         except MessagesInvalid as error:
             detail = {"messages": error.per_message} if batch else error.per_message[0]
             raise exceptions.ValidationError(detail) from error
-        data = {"messages": [message_data(row) for row in rows]}
+        data: dict[str, Any] = {"messages": [message_data(row) for row in rows]}
+        # After the append has committed: a failed compaction never undoes it.
+        compaction = conversation_autocompact(conversation=conversation)
+        if compaction is not None:
+            data["compaction"] = compaction
         return Response(data, status=status.HTTP_201_CREATED)
 
 
@@ -181,3 +203,44 @@ def context_data(context: selectors.ActiveContext) -> dict[str, Any]:
         "summary": summary_data(context.summary),
         "revision": context.revision,
     }
+
+
+class ConversationCompact(CtxsumView):
+    def post(self, request: Request, pk: str) -> Response:
+        conversation = self.get_conversation()
+        serializer = CompactSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            result = conversation_compact(conversation=conversation, **serializer.validated_data)
+        except SummarizerError as error:
+            raise SummarizerFailed(f"{SummarizerFailed.default_detail} {error}") from error
+        return Response(compaction_data(result))
+
+
+def compaction_data(result: CompactionResult) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "compacted": result.compacted,
+        "reason": str(result.reason),
+        "summary": summary_data(result.summary),
+        "context": context_data(result.context),
+    }
+    plan = result.plan
+    if plan is not None and result.reason != Reason.BELOW_TRIGGER:
+        archived = result.archived or []
+        data["plan"] = {
+            "archive": {
+                "count": len(archived),
+                "from_seq": archived[0].seq if archived else None,
+                "to_seq": archived[-1].seq if archived else None,
+            },
+            "keep_count": plan.message_count_before - plan.cutoff,
+            "tokens_before": plan.tokens_before,
+            "tokens_after": plan.tokens_after,
+        }
+    return data
+
+
+class SummaryList(CtxsumView):
+    def get(self, request: Request, pk: str) -> Response:
+        page = self.paginate_queryset(selectors.summary_list(conversation=self.get_conversation()))
+        return self.get_paginated_response([summary_data(summary) for summary in page])

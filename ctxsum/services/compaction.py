@@ -153,6 +153,7 @@ def _commit(
             raise _Conflict
         if previous is not None:
             Summary.objects.filter(pk=previous.pk).update(active=False)
+            previous.active = False
         summary = Summary(
             conversation=locked,
             version=previous.version + 1 if previous else 1,

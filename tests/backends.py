@@ -1,0 +1,24 @@
+"""A summarizer backend for tests that lets a test act while a summary is being written,
+the moment another worker could act in production (no lock is held then)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ctxsum.summarizers.base import Summarizer
+
+
+class HookSummarizer(Summarizer):
+    """Summarizes like a tiny extractive model and runs ``during`` inside the call."""
+
+    requires_network = False
+    deterministic = True
+    during: Callable[[], None] | None = None
+    calls: list[str] = []
+
+    def summarize(self, *, prompt: str, history: str) -> str:
+        type(self).calls.append(history)
+        hook, type(self).during = type(self).during, None
+        if hook is not None:
+            hook()
+        return f"summary of {history.count('<')} tags"

@@ -1,0 +1,331 @@
+"""Compaction through the service layer: results, incremental versions, reasons, leases,
+conflicts and failures leave exactly what they should."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from ctxsum import selectors, services, signals
+from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import SummarizerError
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.policy import Reason
+from ctxsum.services.compaction import conversation_compact, prompt_sha256
+from tests.backends import HookSummarizer
+
+pytestmark = pytest.mark.django_db
+
+TRAVEL = [
+    ("user", "I need a flight to Delhi."),
+    ("assistant", "What date?"),
+    ("user", "October 20."),
+    ("assistant", "Morning or evening?"),
+    ("user", "Morning."),
+]
+
+
+def _turns(conversation, pairs):
+    for role, text in pairs:
+        services.message_append(
+            conversation=conversation, messages=[{"role": role, "content": text}]
+        )
+
+
+def _snapshot(conversation):
+    conversation = Conversation.objects.get(pk=conversation.pk)
+    return {
+        "transcript": [
+            (m.seq, m.as_openai(), m.summary_id, m.replaced_at)
+            for m in selectors.transcript_list(conversation=conversation)
+        ],
+        "context": selectors.context_get(conversation=conversation).messages,
+        "summaries": list(Summary.objects.filter(conversation=conversation).values()),
+        "counters": (
+            conversation.next_seq,
+            conversation.message_count,
+            conversation.active_message_count,
+            conversation.active_tokens,
+            conversation.revision,
+            conversation.updated_at,
+        ),
+    }
+
+
+@pytest.fixture
+def hook_summarizer(settings):
+    settings.CTXSUM = {"SUMMARIZER": "tests.backends.HookSummarizer"}
+    HookSummarizer.during = None
+    HookSummarizer.calls = []
+    return HookSummarizer
+
+
+@pytest.fixture
+def travel(user):
+    conversation = services.conversation_create(
+        owner=user,
+        system="You are a travel assistant.",
+        trigger={"messages": 5},
+        keep={"messages": 2},
+    )
+    _turns(conversation, TRAVEL)
+    return conversation
+
+
+def test_travel_example_keeps_system_summary_and_last_two(travel):
+    result = conversation_compact(conversation=travel)
+
+    assert result.compacted and result.reason == Reason.COMPACTED
+    messages = result.context.messages
+    assert messages[0] == {"role": "system", "content": "You are a travel assistant."}
+    assert messages[1]["role"] == "user"
+    assert messages[1]["content"].startswith(ctxsum_settings.SUMMARY_PREFIX)
+    assert messages[2:] == [
+        {"role": "assistant", "content": "Morning or evening?"},
+        {"role": "user", "content": "Morning."},
+    ]
+    summary = result.summary
+    assert (summary.version, summary.from_seq, summary.to_seq) == (1, 1, 3)
+    assert summary.prompt_version == ctxsum_settings.PROMPT_VERSION
+    assert summary.prompt_sha256 == prompt_sha256(ctxsum_settings.PROMPT)
+    assert summary.model == ctxsum_settings.SUMMARY_MODEL
+    archived = Message.objects.filter(conversation=travel, summary=summary)
+    assert sorted(archived.values_list("seq", flat=True)) == [1, 2, 3]
+
+
+def test_below_trigger_changes_nothing_and_records_nothing(user):
+    conversation = services.conversation_create(
+        owner=user, trigger={"messages": 5}, keep={"messages": 2}
+    )
+    _turns(conversation, TRAVEL[:4])
+    before = _snapshot(conversation)
+
+    result = conversation_compact(conversation=conversation)
+
+    assert (result.compacted, result.reason) == (False, Reason.BELOW_TRIGGER)
+    assert _snapshot(conversation) == before
+    assert not CompactionAttempt.objects.filter(conversation=conversation).exists()
+
+
+def test_second_compaction_is_incremental(travel, hook_summarizer):
+    first = conversation_compact(conversation=travel).summary
+    hook_summarizer.calls.clear()
+    _turns(travel, [("assistant", "The 7:05 flight, AI-865."), ("user", "Book it.")])
+    # 1 system + 1 summary + 4 messages reach the trigger of 5 again.
+    second = conversation_compact(conversation=travel)
+
+    assert second.compacted
+    summary = second.summary
+    assert (summary.version, summary.previous_id) == (2, first.pk)
+    assert (summary.from_seq, summary.to_seq) == (1, 5)
+    first.refresh_from_db()
+    assert first.active is False and not summary.previous.active
+    # Written from the previous summary plus only the newly archived messages.
+    (history,) = hook_summarizer.calls
+    assert history.startswith("<summary-so-far>")
+    assert "Morning or evening?" in history and "AI-865" not in history
+    assert "I need a flight" not in history
+    assert Summary.objects.filter(conversation=travel, active=True).get() == summary
+
+
+def test_dry_run_plans_without_writing_or_calling(travel, hook_summarizer):
+    before = _snapshot(travel)
+
+    result = conversation_compact(conversation=travel, dry_run=True)
+
+    assert (result.compacted, result.reason) == (False, Reason.DRY_RUN)
+    assert [row.seq for row in result.archived] == [1, 2, 3]
+    assert result.plan.tokens_after < result.plan.tokens_before
+    assert hook_summarizer.calls == []
+    assert _snapshot(travel) == before
+
+
+def test_nothing_to_summarize_when_forced_on_a_short_conversation(user):
+    conversation = services.conversation_create(owner=user, system="Sys", keep={"messages": 2})
+    _turns(conversation, TRAVEL[:2])
+
+    result = conversation_compact(conversation=conversation, force=True)
+
+    assert result.reason == Reason.NOTHING_TO_SUMMARIZE
+    attempt = CompactionAttempt.objects.get(conversation=conversation)
+    assert (attempt.outcome, attempt.reason) == ("skipped", "nothing_to_summarize")
+
+
+def test_kept_tail_over_trigger_skips_instead_of_looping(user):
+    conversation = services.conversation_create(
+        owner=user, trigger={"tokens": 200}, keep={"tokens": 150}
+    )
+    _turns(conversation, [("user", "hello"), ("assistant", "hi")])
+    _turns(conversation, [("user", "word " * 300)])  # the newest alone is over the trigger
+    before = _snapshot(conversation)
+
+    result = conversation_compact(conversation=conversation)
+
+    assert result.reason == Reason.KEPT_TAIL_OVER_TRIGGER
+    assert _snapshot(conversation) == before
+
+
+def test_fresh_lease_answers_in_progress_without_calling(travel, hook_summarizer):
+    Conversation.objects.filter(pk=travel.pk).update(
+        lease_owner="another-worker", leased_at=timezone.now()
+    )
+
+    result = conversation_compact(conversation=travel)
+
+    assert (result.compacted, result.reason) == (False, Reason.IN_PROGRESS)
+    assert hook_summarizer.calls == []
+    assert not Summary.objects.filter(conversation=travel).exists()
+
+
+def test_stale_lease_is_taken_over(travel, hook_summarizer):
+    stale = timezone.now() - timedelta(seconds=ctxsum_settings.LEASE_SECONDS + 5)
+    Conversation.objects.filter(pk=travel.pk).update(lease_owner="crashed", leased_at=stale)
+
+    result = conversation_compact(conversation=travel)
+
+    assert result.compacted
+    travel.refresh_from_db()
+    assert (travel.lease_owner, travel.leased_at) == ("", None)
+
+
+def test_append_during_the_llm_call_survives_and_stays_active(travel, hook_summarizer):
+    def append_meanwhile():
+        services.message_append(
+            conversation=travel, messages=[{"role": "assistant", "content": "Window seat?"}]
+        )
+
+    hook_summarizer.during = append_meanwhile
+    result = conversation_compact(conversation=travel)
+
+    assert result.compacted
+    assert result.context.messages[-1] == {"role": "assistant", "content": "Window seat?"}
+    late = Message.objects.get(conversation=travel, seq=6)
+    assert late.summary_id is None
+    travel.refresh_from_db()
+    assert travel.active_message_count == 4  # system, two kept, the late one
+    assert (
+        travel.active_tokens
+        == sum(m.token_count for m in Message.objects.filter(conversation=travel).active())
+        + result.summary.token_count
+    )
+
+
+def test_lost_race_writes_nothing_and_records_a_conflict(travel, hook_summarizer):
+    def another_worker_compacts():
+        # The lease went stale and another worker took over and committed first.
+        Conversation.objects.filter(pk=travel.pk).update(lease_owner="", leased_at=None)
+        conversation_compact(conversation=travel)
+
+    hook_summarizer.during = another_worker_compacts
+    result = conversation_compact(conversation=travel)
+
+    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
+    assert Summary.objects.filter(conversation=travel).count() == 1
+    outcomes = sorted(
+        CompactionAttempt.objects.filter(conversation=travel).values_list("outcome", flat=True)
+    )
+    assert outcomes == ["compacted", "conflict"]
+    assert Message.objects.filter(conversation=travel).count() == 6
+
+
+def test_failure_changes_nothing_records_and_signals(
+    travel, hook_summarizer, django_capture_on_commit_callbacks
+):
+    def fail():
+        raise SummarizerError("the model is down")
+
+    hook_summarizer.during = fail
+    before = _snapshot(travel)
+    received = []
+    signals.compaction_failed.connect(lambda **kw: received.append(kw), weak=False)
+    try:
+        with (
+            django_capture_on_commit_callbacks(execute=True),
+            pytest.raises(SummarizerError, match="the model is down"),
+        ):
+            conversation_compact(conversation=travel)
+    finally:
+        signals.compaction_failed.receivers.clear()
+
+    assert _snapshot(travel) == before
+    attempt = CompactionAttempt.objects.get(conversation=travel)
+    assert attempt.outcome == "failed" and "the model is down" in attempt.error
+    assert [kw["attempt"] for kw in received] == [attempt]
+    travel.refresh_from_db()
+    assert travel.lease_owner == ""
+
+
+def test_summary_created_is_sent_on_commit(travel, django_capture_on_commit_callbacks):
+    received = []
+
+    def receiver(**kwargs):
+        received.append(kwargs["summary"])
+
+    signals.summary_created.connect(receiver)
+    try:
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            result = conversation_compact(conversation=travel)
+        assert received == []  # not before the commit
+        for callback in callbacks:
+            callback()
+    finally:
+        signals.summary_created.disconnect(receiver)
+    assert received == [result.summary]
+
+
+def test_replaced_system_message_is_never_summarized(travel):
+    services.conversation_update(conversation=travel, system="You are a rail assistant.")
+    result = conversation_compact(conversation=travel)
+
+    assert result.compacted
+    assert result.context.messages[0] == {"role": "system", "content": "You are a rail assistant."}
+    leading = Message.objects.filter(conversation=travel, role="system")
+    assert all(message.summary_id is None for message in leading)
+
+
+def test_history_over_the_input_budget_is_summarized_in_chunks(user, settings, hook_summarizer):
+    settings.CTXSUM = {
+        "SUMMARIZER": "tests.backends.HookSummarizer",
+        "SUMMARY_INPUT_BUDGET": 1200,
+        "SUMMARY_MAX_TOKENS": 100,
+    }
+    conversation = services.conversation_create(
+        owner=user, trigger={"messages": 20}, keep={"messages": 2}
+    )
+    words = [f"fact-{index:03d} " + "detail " * 40 for index in range(30)]
+    _turns(conversation, [("user" if i % 2 == 0 else "assistant", w) for i, w in enumerate(words)])
+
+    result = conversation_compact(conversation=conversation)
+
+    assert result.compacted
+    calls = hook_summarizer.calls
+    assert len(calls) > 1
+    # Each chunk after the first starts from the summary of the ones before it.
+    assert all(call.startswith("<summary-so-far>") for call in calls[1:])
+    sent = "".join(calls)
+    assert all(f"fact-{index:03d}" in sent for index in range(28))
+    assert "fact-028" not in sent and "fact-029" not in sent
+
+
+@pytest.mark.parametrize("size", [10, 400])
+def test_compaction_queries_do_not_grow_with_the_archived_range(
+    user, size, django_assert_num_queries
+):
+    conversation = services.conversation_create(
+        owner=user, system="Sys", trigger={"messages": 5}, keep={"messages": 2}
+    )
+    batch = [{"role": "user", "content": f"message {index}"} for index in range(size)]
+    services.message_append(conversation=conversation, messages=batch)
+
+    with django_assert_num_queries(COMPACTION_QUERIES):
+        result = conversation_compact(conversation=conversation)
+    assert result.compacted
+    assert Message.objects.filter(conversation=conversation).archived().count() == size - 2
+
+
+# snapshot (conversation, summary, messages): 3; lease (savepoint, lock, update, release): 4;
+# commit (savepoint, lock, active summary, insert summary, bulk update, counters, attempt,
+# release): 8; the fresh context (conversation, summary, messages): 3.
+COMPACTION_QUERIES = 18
