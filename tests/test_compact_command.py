@@ -1,0 +1,109 @@
+"""The ctxsum_compact management command and the admin actions, which call the service."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from ctxsum import services
+from ctxsum.models import Conversation, Summary
+
+pytestmark = pytest.mark.django_db
+
+
+def _conversation(owner, count, **policy):
+    conversation = services.conversation_create(owner=owner, system="Sys", **policy)
+    services.message_append(
+        conversation=conversation,
+        messages=[
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
+            for i in range(count)
+        ],
+    )
+    return conversation
+
+
+def _run(*args):
+    out = StringIO()
+    call_command("ctxsum_compact", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def test_all_compacts_only_those_over_their_trigger(user):
+    over = _conversation(user, 12, trigger={"messages": 10}, keep={"messages": 4})
+    under = _conversation(user, 5, trigger={"messages": 10}, keep={"messages": 4})
+
+    output = _run("--all")
+
+    assert "2 conversation(s): below_trigger 1, compacted 1" in output
+    assert Summary.objects.filter(conversation=over).count() == 1
+    assert not Summary.objects.filter(conversation=under).exists()
+
+
+def test_dry_run_writes_nothing(user):
+    conversation = _conversation(user, 12, trigger={"messages": 10}, keep={"messages": 4})
+    revision = Conversation.objects.get(pk=conversation.pk).revision
+
+    output = _run(str(conversation.pk), "--dry-run")
+
+    assert f"{conversation.pk}: dry_run (" in output
+    assert not Summary.objects.exists()
+    assert Conversation.objects.get(pk=conversation.pk).revision == revision
+
+
+def test_force_compacts_below_the_trigger(user):
+    conversation = _conversation(user, 6, trigger={"messages": 10}, keep={"messages": 2})
+
+    output = _run(str(conversation.pk), "--force")
+
+    assert f"{conversation.pk}: compacted" in output
+    assert Summary.objects.get(conversation=conversation).to_seq == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "Name conversation ids or give --all"),
+        (("--all", "5b1e7c9e-8f0a-4c52-9a43-1f1b2f1d0c11"), "Name conversation ids or give --all"),
+        (("5b1e7c9e-8f0a-4c52-9a43-1f1b2f1d0c11",), "No such conversation"),
+        (("not-a-uuid",), "Not a conversation id"),
+    ],
+)
+def test_bad_arguments_are_command_errors(args, message):
+    with pytest.raises(CommandError, match=message):
+        _run(*args)
+
+
+def test_failed_compaction_fails_the_command(user, openai_summarizer):
+    openai_summarizer.mode = "error"
+    conversation = _conversation(user, 12, trigger={"messages": 10}, keep={"messages": 4})
+
+    with pytest.raises(CommandError, match="1 compaction"):
+        _run(str(conversation.pk))
+    assert not Summary.objects.exists()
+
+
+def test_admin_pages_and_compact_action(admin_client, user):
+    conversation = _conversation(user, 12, trigger={"messages": 10}, keep={"messages": 4})
+
+    for url in (
+        "/admin/ctxsum/conversation/",
+        f"/admin/ctxsum/conversation/{conversation.pk}/change/",
+        "/admin/ctxsum/message/",
+    ):
+        assert admin_client.get(url).status_code == 200
+
+    response = admin_client.post(
+        "/admin/ctxsum/conversation/",
+        {"action": "compact_now", "_selected_action": [str(conversation.pk)]},
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    summary = Summary.objects.get(conversation=conversation)
+    assert "compacted" in response.content.decode()
+    for url in ("/admin/ctxsum/summary/", f"/admin/ctxsum/summary/{summary.pk}/change/"):
+        assert admin_client.get(url).status_code == 200
+    assert admin_client.get("/admin/ctxsum/compactionattempt/").status_code == 200
