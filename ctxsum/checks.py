@@ -50,7 +50,24 @@ def _policy_errors() -> list[CheckMessage]:
                     id="ctxsum.E004",
                 )
             )
+    if not errors:
+        errors += _tail_warnings(parsed["TRIGGER"], parsed["KEEP"])
     return errors
+
+
+def _tail_warnings(trigger: policy.Trigger, keep: policy.Keep) -> list[CheckMessage]:
+    # After compaction the context holds a system message, the summary and the kept tail.
+    if trigger.messages and keep.messages and keep.messages + 2 >= trigger.messages:
+        return [
+            Warning(
+                f"CTXSUM['KEEP'] keeps {keep.messages} messages; with a system message and the "
+                f"summary that reaches the trigger of {trigger.messages} messages, so "
+                "compaction is skipped as kept_tail_over_trigger.",
+                hint="Keep at least 3 messages fewer than the message trigger.",
+                id="ctxsum.W002",
+            )
+        ]
+    return []
 
 
 def _number_errors() -> list[CheckMessage]:

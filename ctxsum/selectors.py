@@ -62,15 +62,14 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
 
 
 def conversation_list(*, owner: Any) -> QuerySet[Conversation]:
-    return Conversation.objects.filter(owner=owner).order_by("-created_at")
+    # pk breaks ties, so pages neither repeat nor skip conversations created together.
+    return Conversation.objects.filter(owner=owner).order_by("-created_at", "-pk")
 
 
 def transcript_list(*, conversation: Conversation) -> QuerySet[Message]:
     """Every message, archived and replaced ones included, in seq order."""
     return (
-        Message.objects.filter(conversation=conversation)
-        .select_related("summary")
-        .order_by("seq")
+        Message.objects.filter(conversation=conversation).select_related("summary").order_by("seq")
     )
 
 

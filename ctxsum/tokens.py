@@ -3,7 +3,8 @@
 A message costs ``MESSAGE_OVERHEAD`` tokens plus its role and content, plus
 ``NAME_OVERHEAD`` and the name when it has one (OpenAI's cookbook: 3 per message, 1 per
 name). Tool calls add their function name and arguments plus ``TOOL_CALL_OVERHEAD`` each; a
-tool result adds its ``tool_call_id``. A request is primed with ``REPLY_PRIMING`` tokens.
+tool result adds its ``tool_call_id``. A refusal (a content part, or the ``refusal`` field of
+an assistant reply) counts as its text. A request is primed with ``REPLY_PRIMING`` tokens.
 
 Non-text parts are estimated, since their real cost needs data we do not decode:
 an image costs ``IMAGE_LOW_TOKENS`` at ``detail: "low"`` and ``IMAGE_TOKENS`` otherwise (what
@@ -64,8 +65,8 @@ def count_text(text: str, *, model: str | None = None) -> int:
 
 def _count_part(part: Mapping[str, Any], encode: Any) -> int:
     kind = part.get("type")
-    if kind == "text":
-        return len(encode(part.get("text", "")))
+    if kind in ("text", "refusal"):
+        return len(encode(part.get(kind) or ""))
     if kind == "image_url":
         detail = (part.get("image_url") or {}).get("detail")
         return IMAGE_LOW_TOKENS if detail == "low" else IMAGE_TOKENS
@@ -89,6 +90,8 @@ def count_message(message: Mapping[str, Any], *, model: str | None = None) -> in
         total += len(encode(content))
     elif content:
         total += sum(_count_part(part, encode) for part in content)
+    if isinstance(message.get("refusal"), str):
+        total += len(encode(message["refusal"]))
     if message.get("name"):
         total += NAME_OVERHEAD + len(encode(message["name"]))
     for call in message.get("tool_calls") or ():

@@ -30,7 +30,7 @@ REQUIRED = "This field is required."
 UNKNOWN_FIELD = "Unknown field."
 BAD_ROLE = "Must be one of: system, developer, user, assistant, tool."
 CONTENT_TYPE = "Must be a string or a list of content parts."
-CONTENT_NULL = "Can be null only on an assistant message that has tool_calls."
+CONTENT_NULL = "Can be null only on an assistant message that has tool_calls, a refusal or audio."
 CONTENT_EMPTY_LIST = "A list of content parts must not be empty."
 BAD_NAME = f"Must be a non-empty string of at most {MAX_NAME_LENGTH} characters."
 TOOL_CALLS_ROLE = "Only assistant messages can have tool_calls."
@@ -38,8 +38,17 @@ TOOL_CALLS_TYPE = "Must be a non-empty list of tool calls."
 TOOL_CALL_ID_REQUIRED = "A tool message needs the tool_call_id of the call it answers."
 TOOL_CALL_ID_ROLE = "Only tool messages can have a tool_call_id."
 TOOL_CALL_ID_TYPE = f"Must be a non-empty string of at most {MAX_ID_LENGTH} characters."
-TOOL_CALL_ID_UNKNOWN = "No earlier assistant message in this conversation has a tool call with id {id!r}."
+TOOL_CALL_ID_UNKNOWN = (
+    "No earlier assistant message in this conversation has a tool call with id {id!r}."
+)
 EXTRA_ROLE = "Only assistant messages can have this field."
+# The JSON type each extra must have when it is not null.
+EXTRA_TYPES: dict[str, tuple[type, str]] = {
+    "refusal": (str, "Must be a string or null."),
+    "reasoning_content": (str, "Must be a string or null."),
+    "annotations": (list, "Must be a list or null."),
+    "audio": (Mapping, "Must be an object or null."),
+}
 MESSAGE_TOO_LARGE = "A message is {size} bytes; the limit is {limit} bytes."
 
 
@@ -52,7 +61,9 @@ class MessageInvalid(ValueError):
 
 
 def _is_text(value: Any, max_length: int | None = None) -> bool:
-    return isinstance(value, str) and bool(value) and (max_length is None or len(value) <= max_length)
+    if not isinstance(value, str) or not value:
+        return False
+    return max_length is None or len(value) <= max_length
 
 
 def _part_error(part: Any, allowed: tuple[str, ...]) -> str | None:
@@ -75,18 +86,21 @@ def _part_error(part: Any, allowed: tuple[str, ...]) -> str | None:
             return "needs input_audio.data"
         if body.get("format") not in AUDIO_FORMATS:
             return "input_audio.format must be wav or mp3"
-    elif kind == "file":
-        if not isinstance(body, Mapping) or not (
-            _is_text(body.get("file_data")) or _is_text(body.get("file_id"))
-        ):
-            return "needs file.file_data or file.file_id"
+    elif kind == "file" and not (
+        isinstance(body, Mapping)
+        and (_is_text(body.get("file_data")) or _is_text(body.get("file_id")))
+    ):
+        return "needs file.file_data or file.file_id"
     return None
 
 
 def _content_errors(message: Mapping[str, Any], role: str) -> list[str]:
     content = message.get("content")
     if content is None:
-        if role == "assistant" and message.get("tool_calls"):
+        # A reply that called tools, refused, or spoke has no content, and can be sent back so.
+        if role == "assistant" and (
+            message.get("tool_calls") or message.get("refusal") or message.get("audio")
+        ):
             return []
         return [REQUIRED if "content" not in message else CONTENT_NULL]
     if isinstance(content, str):
@@ -177,8 +191,13 @@ def clean_message(message: Any, *, max_bytes: int) -> dict[str, Any]:
     elif message.get("tool_call_id") is not None:
         errors["tool_call_id"] = [TOOL_CALL_ID_ROLE]
     for field in EXTRA_FIELDS:
-        if field in message and role != "assistant":
+        if field not in message:
+            continue
+        kind, type_error = EXTRA_TYPES[field]
+        if role != "assistant":
             errors[field] = [EXTRA_ROLE]
+        elif message[field] is not None and not isinstance(message[field], kind):
+            errors[field] = [type_error]
     if errors:
         raise MessageInvalid(errors)
 

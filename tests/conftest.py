@@ -12,6 +12,12 @@ if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
     os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    # Creating a user hashes a password; the default hasher costs most of a second each.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user(username="alice", password="pw-alice")

@@ -25,6 +25,17 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class StringField(serializers.CharField):
+    """A CharField that takes only JSON strings: DRF's own turns 123 into "123"."""
+
+    default_error_messages = {"invalid": "Must be a string."}
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class PolicyField(serializers.JSONField):
     """``{"trigger": {...} or null, "keep": {...} or null}``; the rules are checked by the
     service against the settings' defaults."""
@@ -39,10 +50,10 @@ class PolicyField(serializers.JSONField):
 
 
 class ConversationWriteSerializer(StrictSerializer):
-    title = serializers.CharField(max_length=200, allow_blank=True, required=False)
-    system = serializers.CharField(allow_blank=True, trim_whitespace=False, required=False)
+    title = StringField(max_length=200, allow_blank=True, required=False)
+    system = StringField(allow_blank=True, trim_whitespace=False, required=False)
     metadata = serializers.DictField(required=False)
-    model = serializers.CharField(max_length=100, allow_blank=True, required=False)
+    model = StringField(max_length=100, allow_blank=True, required=False)
     policy = PolicyField(required=False)
 
 

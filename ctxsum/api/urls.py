@@ -8,12 +8,12 @@ urlpatterns = [
     path("", views.ApiRoot.as_view(), name="api-root"),
     path("conversations/", views.ConversationList.as_view(), name="conversation-list"),
     path(
-        "conversations/<uuid:pk>/", views.ConversationDetail.as_view(), name="conversation-detail"
+        "conversations/<str:pk>/", views.ConversationDetail.as_view(), name="conversation-detail"
     ),
-    path("conversations/<uuid:pk>/messages/", views.MessageList.as_view(), name="message-list"),
-    path("conversations/<uuid:pk>/context/", views.ContextDetail.as_view(), name="context"),
+    path("conversations/<str:pk>/messages/", views.MessageList.as_view(), name="message-list"),
+    path("conversations/<str:pk>/context/", views.ContextDetail.as_view(), name="context"),
     path(
-        "conversations/<uuid:pk>/compact/", views.ConversationCompact.as_view(), name="compact"
+        "conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"
     ),
-    path("conversations/<uuid:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
+    path("conversations/<str:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
 ]

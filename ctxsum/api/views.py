@@ -7,9 +7,8 @@ from typing import Any
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
-from django.shortcuts import get_object_or_404
 from rest_framework import exceptions, status
-from rest_framework.generics import GenericAPIView
+from rest_framework.generics import GenericAPIView, get_object_or_404
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -35,6 +34,7 @@ from ctxsum.services.compaction import (
 )
 
 BODY_TOO_LARGE = "The request body is {size} bytes; the limit is {limit} bytes."
+TOO_DEEP = "The JSON is nested too deeply."
 
 
 class PayloadTooLarge(exceptions.APIException):
@@ -76,6 +76,12 @@ class CtxsumView(GenericAPIView):
     def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, TooLarge | RequestDataTooBig):
             exc = PayloadTooLarge(str(exc))
+        elif isinstance(exc, RecursionError):
+            # JSON nested deeper than Python's parser or encoder can follow: bad input.
+            exc = exceptions.ParseError(TOO_DEEP)
+        elif isinstance(exc, Conversation.DoesNotExist):
+            # Deleted by another request between the lookup and the service's locked re-read.
+            exc = exceptions.NotFound("No Conversation matches the given query.")
         elif isinstance(exc, DjangoValidationError):
             exc = exceptions.ValidationError(
                 exc.message_dict if hasattr(exc, "error_dict") else exc.messages

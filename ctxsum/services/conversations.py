@@ -58,10 +58,11 @@ def conversation_create(
     transaction: all or nothing."""
     policy_clean(trigger=trigger, keep=keep)
     batch = list(messages or [])
+    leading: list[dict[str, Any]] = []
     if system is not None:
         if batch and isinstance(batch[0], Mapping) and batch[0].get("role") == "system":
             raise ValidationError({"system": [SYSTEM_AND_LEADING]})
-        batch.insert(0, _system_message(system))
+        leading = messages_clean([_system_message(system)])
     conversation = Conversation(
         owner=owner,
         title=title,
@@ -70,13 +71,15 @@ def conversation_create(
         trigger=trigger,
         keep=keep,
     )
+    # The client's messages are checked on their own, so errors carry the indices it sent.
     cleaned = messages_clean(batch) if batch else []
-    counts = messages_count(conversation, cleaned)
+    counts = messages_count(conversation, leading + cleaned)
     with transaction.atomic():
         conversation.save()
         if cleaned:
             tool_results_check(conversation, cleaned)
-            messages_store(conversation, message_rows(conversation, cleaned, counts))
+        if leading or cleaned:
+            messages_store(conversation, message_rows(conversation, leading + cleaned, counts))
     return conversation
 
 
@@ -89,7 +92,7 @@ def _replace_system(conversation: Conversation, system: str) -> bool:
     old = Message.objects.filter(
         conversation=conversation, is_leading=True, replaced_at__isnull=True
     ).first()
-    if old is not None and old.content == system:
+    if old is not None and old.role == "system" and old.content == system:
         return False
     if old is not None:
         old.replaced_at = timezone.now()
@@ -107,23 +110,30 @@ def conversation_update(
 ) -> Conversation:
     """Change title, metadata, model, policy overrides, or replace the system prompt.
 
-    Bumps ``revision``. Returns the updated conversation.
+    Bumps ``revision`` when anything changed; a request that changes nothing writes
+    nothing. Returns the updated conversation.
     """
     unknown = set(fields) - set(UPDATABLE)
     if unknown:
         raise TypeError(f"conversation_update() got unexpected fields {sorted(unknown)}")
-    if "trigger" in fields or "keep" in fields:
-        policy_clean(
-            trigger=fields.get("trigger", conversation.trigger),
-            keep=fields.get("keep", conversation.keep),
-        )
     with transaction.atomic():
         locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        for field, value in fields.items():
-            setattr(locked, field, value)
-        if system is None or not _replace_system(locked, system):
-            locked.revision += 1
-        locked.save()
+        if "trigger" in fields or "keep" in fields:
+            # Checked against the locked row: a concurrent change of the other half of the
+            # policy must not slip in between check and write.
+            policy_clean(
+                trigger=fields.get("trigger", locked.trigger),
+                keep=fields.get("keep", locked.keep),
+            )
+        changed = [field for field, value in fields.items() if getattr(locked, field) != value]
+        for field in changed:
+            setattr(locked, field, fields[field])
+        # _replace_system saves the counters and moves revision itself.
+        replaced = system is not None and _replace_system(locked, system)
+        if changed:
+            if not replaced:
+                locked.revision += 1
+            locked.save()
     return locked
 
 

@@ -150,9 +150,7 @@ def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> li
         tool_results_check(locked, cleaned)
         rows = messages_store(locked, message_rows(locked, cleaned, counts))
         transaction.on_commit(
-            lambda: messages_appended.send(
-                sender=Conversation, conversation=locked, messages=rows
-            )
+            lambda: messages_appended.send(sender=Conversation, conversation=locked, messages=rows)
         )
     _copy_counters(locked, conversation)
     return rows

@@ -1,0 +1,515 @@
+"""The conversation endpoints as clients use them: create, list, detail, PATCH (incl. the
+system prompt), DELETE, appending, the transcript and the context."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+
+from ctxsum import tokens
+from ctxsum.conf import ctxsum_settings
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, ToolCall
+from ctxsum.services import conversation_create, message_append
+
+pytestmark = pytest.mark.django_db
+
+LIST_URL = reverse("ctxsum:conversation-list")
+STATS_KEYS = {
+    "message_count",
+    "active_message_count",
+    "archived_message_count",
+    "active_tokens",
+    "summary_count",
+    "compaction_count",
+    "tokens_saved",
+}
+STORED_KEYS = {"seq", "token_count", "archived", "summary_version", "created_at"}
+
+
+def detail_url(pk) -> str:
+    return reverse("ctxsum:conversation-detail", kwargs={"pk": pk})
+
+
+def messages_url(pk) -> str:
+    return reverse("ctxsum:message-list", kwargs={"pk": pk})
+
+
+def context_url(pk) -> str:
+    return reverse("ctxsum:context", kwargs={"pk": pk})
+
+
+def user_msg(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def assistant_msg(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    ],
+}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "done"}
+
+
+def openai_tokens(messages: list[dict], model: str = "gpt-4o") -> int:
+    return tokens.context_tokens(tokens.count_message(m, model=model) for m in messages)
+
+
+# --- create, list, detail -----------------------------------------------------------------
+
+
+def test_create_with_everything(api, user) -> None:
+    messages = [user_msg("Plan a trip to Porto."), CALL, RESULT, assistant_msg("Done.")]
+    body = {
+        "title": "Porto",
+        "system": "You plan trips.",
+        "metadata": {"customer": 42, "tags": ["travel"]},
+        "model": "gpt-4",
+        "policy": {"trigger": {"messages": 40, "tokens": 9000}, "keep": {"tokens": 2000}},
+        "messages": messages,
+    }
+    response = api.post(LIST_URL, body, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["title"] == "Porto"
+    assert data["system"] == "You plan trips."
+    assert data["metadata"] == {"customer": 42, "tags": ["travel"]}
+    assert data["model"] == "gpt-4"
+    assert data["policy"] == {
+        "trigger": {"messages": 40, "tokens": 9000},
+        "keep": {"tokens": 2000},
+    }
+    assert data["summary"] is None
+    expected_context = [{"role": "system", "content": "You plan trips."}, *messages]
+    expected_tokens = openai_tokens(expected_context, model="gpt-4")
+    assert data["stats"] == {
+        "message_count": 5,
+        "active_message_count": 5,
+        "archived_message_count": 0,
+        "active_tokens": expected_tokens,
+        "summary_count": 0,
+        "compaction_count": 0,
+        "tokens_saved": 0,
+    }
+
+    conversation = Conversation.objects.get(pk=data["id"])
+    assert conversation.owner == user
+    assert conversation.trigger == {"messages": 40, "tokens": 9000}
+    assert conversation.keep == {"tokens": 2000}
+    rows = list(Message.objects.filter(conversation=conversation).order_by("seq"))
+    assert [row.seq for row in rows] == [0, 1, 2, 3, 4]
+    assert rows[0].is_leading and not any(row.is_leading for row in rows[1:])
+    assert [row.as_openai() for row in rows] == expected_context
+    assert ToolCall.objects.filter(conversation=conversation, call_id="call_1").count() == 1
+    context = api.get(context_url(data["id"])).json()
+    assert context["messages"] == expected_context
+    assert context["token_count"] == expected_tokens
+
+
+def test_create_empty(api) -> None:
+    response = api.post(LIST_URL, {}, format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert data["system"] is None and data["title"] == "" and data["metadata"] == {}
+    assert data["policy"] == {"trigger": None, "keep": None}
+    assert data["effective_policy"] == {
+        "trigger": ctxsum_settings.TRIGGER,
+        "keep": ctxsum_settings.KEEP,
+    }
+    assert data["stats"]["message_count"] == 0
+    context = api.get(context_url(data["id"])).json()
+    assert context["messages"] == [] and context["token_count"] == tokens.REPLY_PRIMING
+
+
+def test_list_newest_first_and_paginated(api, user) -> None:
+    created = [conversation_create(owner=user, title=f"c{i}") for i in range(5)]
+    newest_first = [str(c.pk) for c in reversed(created)]
+
+    page1 = api.get(LIST_URL, {"page_size": 2}).json()
+    page2 = api.get(LIST_URL, {"page_size": 2, "page": 2}).json()
+    page3 = api.get(LIST_URL, {"page_size": 2, "page": 3}).json()
+    assert page1["count"] == 5
+    assert page1["next"] and page1["previous"] is None and page3["next"] is None
+    ids = [row["id"] for page in (page1, page2, page3) for row in page["results"]]
+    assert ids == newest_first
+    assert [row["title"] for row in page1["results"]] == ["c4", "c3"]
+
+
+def test_list_order_is_stable_when_created_at_ties(api, user) -> None:
+    created = [conversation_create(owner=user, title=f"c{i}") for i in range(6)]
+    Conversation.objects.filter(pk__in=[c.pk for c in created]).update(
+        created_at=created[0].created_at
+    )
+    pages = [
+        api.get(LIST_URL, {"page_size": 2, "page": page}).json()["results"] for page in (1, 2, 3)
+    ]
+    ids = [row["id"] for page in pages for row in page]
+    assert sorted(ids) == sorted(str(c.pk) for c in created)  # none lost, none repeated
+
+
+def test_detail_with_stats(api, user) -> None:
+    conversation = conversation_create(
+        owner=user, system="Sys.", messages=[user_msg("a"), assistant_msg("b")]
+    )
+    data = api.get(detail_url(conversation.pk)).json()
+    assert data["id"] == str(conversation.pk)
+    assert set(data["stats"]) == STATS_KEYS
+    assert data["stats"]["message_count"] == 3
+    assert (
+        data["stats"]["active_tokens"]
+        == api.get(context_url(conversation.pk)).json()["token_count"]
+    )
+    assert data["revision"] == conversation.revision
+
+
+def test_stats_count_archived_messages_and_summaries(api, user) -> None:
+    conversation = conversation_create(
+        owner=user, system="Sys.", messages=[user_msg(f"m{i}") for i in range(4)]
+    )
+    rows = list(Message.objects.filter(conversation=conversation).order_by("seq"))
+    summary = Summary.objects.create(
+        conversation=conversation,
+        version=1,
+        text="They said m0 and m1.",
+        prompt_version="1",
+        prompt_sha256="0" * 64,
+        from_seq=1,
+        to_seq=2,
+        token_count=7,
+    )
+    Message.objects.filter(pk__in=[rows[1].pk, rows[2].pk]).update(summary=summary)
+    CompactionAttempt.objects.create(
+        conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED, summary=summary
+    )
+    stats = api.get(detail_url(conversation.pk)).json()["stats"]
+    assert stats["archived_message_count"] == 2
+    assert stats["summary_count"] == 1
+    assert stats["compaction_count"] == 1
+    assert stats["tokens_saved"] == rows[1].token_count + rows[2].token_count - 7
+
+    transcript = api.get(messages_url(conversation.pk)).json()["results"]
+    assert [m["archived"] for m in transcript] == [False, True, True, False, False]
+    assert [m["summary_version"] for m in transcript] == [None, 1, 1, None, None]
+
+
+# --- PATCH --------------------------------------------------------------------------------
+
+
+def test_patch_title_metadata_model_policy(api, user) -> None:
+    conversation = conversation_create(owner=user, title="old", metadata={"a": 1})
+    revision = conversation.revision
+    response = api.patch(
+        detail_url(conversation.pk),
+        {
+            "title": "new",
+            "metadata": {"b": 2},
+            "model": "gpt-4",
+            "policy": {"trigger": {"messages": 30}, "keep": {"messages": 5}},
+        },
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert (data["title"], data["metadata"], data["model"]) == ("new", {"b": 2}, "gpt-4")
+    assert data["policy"] == {"trigger": {"messages": 30}, "keep": {"messages": 5}}
+    assert data["effective_policy"] == data["policy"]
+    assert data["revision"] > revision
+    conversation.refresh_from_db()
+    assert (conversation.title, conversation.metadata, conversation.model) == (
+        "new",
+        {"b": 2},
+        "gpt-4",
+    )
+    assert conversation.trigger == {"messages": 30} and conversation.keep == {"messages": 5}
+
+    # One half of the policy alone; null goes back to the settings' default.
+    response = api.patch(detail_url(conversation.pk), {"policy": {"trigger": None}}, format="json")
+    assert response.status_code == 200, response.content
+    data = response.json()
+    assert data["policy"] == {"trigger": None, "keep": {"messages": 5}}
+    assert data["effective_policy"]["trigger"] == ctxsum_settings.TRIGGER
+
+
+def test_patch_that_changes_nothing_keeps_the_revision(api, user) -> None:
+    conversation = conversation_create(owner=user, title="same", system="Sys.")
+    response = api.patch(
+        detail_url(conversation.pk), {"title": "same", "system": "Sys."}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["revision"] == conversation.revision
+
+
+def test_patch_system_replaces_the_leading_message(api, user) -> None:
+    conversation = conversation_create(
+        owner=user, system="Old rules.", messages=[user_msg("hi"), assistant_msg("hello")]
+    )
+    before = api.get(context_url(conversation.pk)).json()
+
+    response = api.patch(detail_url(conversation.pk), {"system": "New rules."}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["system"] == "New rules."
+
+    context = api.get(context_url(conversation.pk)).json()
+    assert context["messages"] == [
+        {"role": "system", "content": "New rules."},
+        user_msg("hi"),
+        assistant_msg("hello"),
+    ]
+    assert context["revision"] > before["revision"]
+    assert context["token_count"] == openai_tokens(context["messages"])
+
+    transcript = api.get(messages_url(conversation.pk)).json()["results"]
+    assert [(m["content"], m["replaced"]) for m in transcript] == [
+        ("Old rules.", True),
+        ("hi", False),
+        ("hello", False),
+        ("New rules.", False),
+    ]
+    assert [m["seq"] for m in transcript] == [0, 1, 2, 3]
+
+    conversation.refresh_from_db()
+    assert conversation.message_count == 4
+    assert conversation.active_message_count == 3
+    active = Message.objects.filter(conversation=conversation).active()
+    assert conversation.active_tokens == sum(m.token_count for m in active)
+    stats = api.get(detail_url(conversation.pk)).json()["stats"]
+    assert stats["active_tokens"] == context["token_count"]
+
+    # and a second replacement retires the first replacement
+    api.patch(detail_url(conversation.pk), {"system": "Newest rules."}, format="json")
+    context = api.get(context_url(conversation.pk)).json()
+    assert context["messages"][0] == {"role": "system", "content": "Newest rules."}
+    assert len(context["messages"]) == 3
+
+
+def test_patch_system_adds_one_when_there_was_none(api, user) -> None:
+    conversation = conversation_create(
+        owner=user, messages=[user_msg("hi"), assistant_msg("hello")]
+    )
+    revision = api.get(context_url(conversation.pk)).json()["revision"]
+    response = api.patch(detail_url(conversation.pk), {"system": "Be kind."}, format="json")
+    assert response.status_code == 200, response.content
+    context = api.get(context_url(conversation.pk)).json()
+    assert context["messages"] == [
+        {"role": "system", "content": "Be kind."},
+        user_msg("hi"),
+        assistant_msg("hello"),
+    ]
+    assert context["revision"] > revision
+    assert response.json()["system"] == "Be kind."
+    # appending afterwards keeps the system message first
+    api.post(messages_url(conversation.pk), user_msg("more"), format="json")
+    assert api.get(context_url(conversation.pk)).json()["messages"][0]["content"] == "Be kind."
+
+
+def test_patch_same_system_text_changes_nothing(api, user) -> None:
+    conversation = conversation_create(owner=user, system="Rules.", messages=[user_msg("hi")])
+    before = api.get(context_url(conversation.pk)).json()
+    response = api.patch(detail_url(conversation.pk), {"system": "Rules."}, format="json")
+    assert response.status_code == 200
+    after = api.get(context_url(conversation.pk)).json()
+    assert after == before
+    assert Message.objects.filter(conversation=conversation).count() == 2
+    assert not Message.objects.filter(replaced_at__isnull=False).exists()
+
+
+def test_patch_system_over_a_leading_developer_message(api, user) -> None:
+    conversation = conversation_create(
+        owner=user, messages=[{"role": "developer", "content": "Rules."}, user_msg("hi")]
+    )
+    response = api.patch(detail_url(conversation.pk), {"system": "Rules."}, format="json")
+    assert response.status_code == 200
+    context = api.get(context_url(conversation.pk)).json()
+    assert context["messages"] == [{"role": "system", "content": "Rules."}, user_msg("hi")]
+
+
+# --- DELETE -------------------------------------------------------------------------------
+
+
+def test_delete_removes_everything(api, user) -> None:
+    conversation = conversation_create(
+        owner=user, system="Sys.", messages=[user_msg("a"), CALL, RESULT, assistant_msg("b")]
+    )
+    keep = conversation_create(owner=user, messages=[user_msg("other")])
+    first = Summary.objects.create(
+        conversation=conversation,
+        version=1,
+        text="s1",
+        prompt_version="1",
+        prompt_sha256="0" * 64,
+        from_seq=1,
+        to_seq=1,
+        active=False,
+    )
+    second = Summary.objects.create(
+        conversation=conversation,
+        version=2,
+        text="s2",
+        prompt_version="1",
+        prompt_sha256="0" * 64,
+        from_seq=1,
+        to_seq=2,
+        previous=first,
+    )
+    Message.objects.filter(conversation=conversation, seq=1).update(summary=first)
+    Message.objects.filter(conversation=conversation, seq=2).update(summary=second)
+    CompactionAttempt.objects.create(
+        conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED, summary=second
+    )
+
+    response = api.delete(detail_url(conversation.pk))
+    assert response.status_code == 204
+    assert not Conversation.objects.filter(pk=conversation.pk).exists()
+    assert not Message.objects.filter(conversation_id=conversation.pk).exists()
+    assert not ToolCall.objects.filter(conversation_id=conversation.pk).exists()
+    assert not Summary.objects.filter(conversation_id=conversation.pk).exists()
+    assert not CompactionAttempt.objects.filter(conversation_id=conversation.pk).exists()
+    assert api.get(detail_url(conversation.pk)).status_code == 404
+    assert Message.objects.filter(conversation=keep).count() == 1
+
+
+# --- appending, transcript, context -------------------------------------------------------
+
+
+def test_append_one(api, user) -> None:
+    conversation = conversation_create(owner=user, system="Sys.")
+    response = api.post(messages_url(conversation.pk), user_msg("Hello there"), format="json")
+    assert response.status_code == 201, response.content
+    data = response.json()
+    assert list(data) == ["messages"] and len(data["messages"]) == 1
+    stored = data["messages"][0]
+    assert set(stored) >= STORED_KEYS
+    assert stored["role"] == "user" and stored["content"] == "Hello there"
+    assert stored["seq"] == 1
+    assert stored["token_count"] == tokens.count_message(user_msg("Hello there"))
+    assert stored["archived"] is False
+    assert stored["summary_version"] is None
+    assert datetime.fromisoformat(stored["created_at"].replace("Z", "+00:00"))
+
+
+def test_append_batch(api, user) -> None:
+    conversation = conversation_create(owner=user)
+    batch = [user_msg("q"), CALL, RESULT, assistant_msg("a")]
+    response = api.post(messages_url(conversation.pk), {"messages": batch}, format="json")
+    assert response.status_code == 201, response.content
+    stored = response.json()["messages"]
+    assert [m["seq"] for m in stored] == [0, 1, 2, 3]
+    for sent, got in zip(batch, stored, strict=True):
+        assert {key: got[key] for key in sent} == sent
+        assert got["token_count"] == tokens.count_message(sent)
+    conversation.refresh_from_db()
+    assert conversation.message_count == conversation.next_seq == 4
+    assert conversation.active_tokens == sum(m["token_count"] for m in stored)
+
+
+def test_transcript_paginated_in_seq_order(api, user) -> None:
+    conversation = conversation_create(owner=user, system="Sys.")
+    message_append(conversation=conversation, messages=[user_msg(f"m{i}") for i in range(11)])
+    seqs = []
+    page = 1
+    while True:
+        data = api.get(messages_url(conversation.pk), {"page_size": 5, "page": page}).json()
+        assert data["count"] == 12
+        seqs += [m["seq"] for m in data["results"]]
+        if not data["next"]:
+            break
+        page += 1
+    assert page == 3
+    assert seqs == list(range(12))
+    first = api.get(messages_url(conversation.pk), {"page_size": 5}).json()["results"]
+    assert [m["content"] for m in first] == ["Sys.", "m0", "m1", "m2", "m3"]
+
+
+def test_context_is_plain_openai_messages(api, user) -> None:
+    conversation = conversation_create(
+        owner=user,
+        system="Sys.",
+        messages=[{"role": "user", "name": "bob", "content": "q"}, CALL, RESULT],
+    )
+    data = api.get(context_url(conversation.pk)).json()
+    assert set(data) == {"messages", "token_count", "summary", "revision"}
+    assert data["summary"] is None
+    assert data["messages"] == [
+        {"role": "system", "content": "Sys."},
+        {"role": "user", "name": "bob", "content": "q"},
+        CALL,
+        RESULT,
+    ]
+    for message in data["messages"]:
+        assert not STORED_KEYS & set(message)  # nothing added
+    assert data["token_count"] == openai_tokens(data["messages"])
+
+
+def test_revision_changes_on_every_append(api, user) -> None:
+    conversation = conversation_create(owner=user)
+    seen = [api.get(context_url(conversation.pk)).json()["revision"]]
+    for i in range(3):
+        api.post(messages_url(conversation.pk), user_msg(f"m{i}"), format="json")
+        seen.append(api.get(context_url(conversation.pk)).json()["revision"])
+    api.post(
+        messages_url(conversation.pk),
+        {"messages": [user_msg("x"), assistant_msg("y")]},
+        format="json",
+    )
+    seen.append(api.get(context_url(conversation.pk)).json()["revision"])
+    assert len(set(seen)) == len(seen)
+    assert seen == sorted(seen)
+    # a rejected append changes nothing
+    api.post(messages_url(conversation.pk), {"role": "nobody"}, format="json")
+    assert api.get(context_url(conversation.pk)).json()["revision"] == seen[-1]
+
+
+def test_conversation_model_picks_the_encoding(api) -> None:
+    text = "def f(x):\n    return {'a': [1, 2, 3]}  # 日本語のコメント 🚀"
+    counts = {}
+    for model in ("gpt-4", "gpt-4o"):
+        pk = api.post(LIST_URL, {"model": model}, format="json").json()["id"]
+        stored = api.post(messages_url(pk), user_msg(text), format="json").json()["messages"]
+        counts[model] = stored[0]["token_count"]
+        assert counts[model] == tokens.count_message(user_msg(text), model=model)
+    assert counts["gpt-4"] != counts["gpt-4o"]
+
+
+def test_encoding_setting_applies_to_stored_counts(api) -> None:
+    text = "def f(x):\n    return {'a': [1, 2, 3]}  # 日本語のコメント 🚀"
+    with override_settings(CTXSUM={"ENCODING": "cl100k_base"}):
+        pk = api.post(LIST_URL, {"model": "gpt-4o"}, format="json").json()["id"]
+        stored = api.post(messages_url(pk), user_msg(text), format="json").json()["messages"]
+        assert stored[0]["token_count"] == tokens.count_message(user_msg(text), model="gpt-4")
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body"),
+    [
+        ("post", messages_url, {"role": "user", "content": "late"}),
+        ("patch", detail_url, {"system": "late"}),
+        ("patch", detail_url, {"title": "late"}),
+    ],
+)
+def test_conversation_deleted_between_lookup_and_write_is_404(
+    api, user, monkeypatch, method, url, body
+) -> None:
+    from ctxsum.api import views
+
+    conversation = conversation_create(owner=user, system="Sys.")
+    lookup = views.CtxsumView.get_conversation
+
+    def lookup_then_lose_the_race(self):
+        found = lookup(self)
+        Conversation.objects.filter(pk=found.pk).delete()  # another request's DELETE
+        return found
+
+    monkeypatch.setattr(views.CtxsumView, "get_conversation", lookup_then_lose_the_race)
+    response = getattr(api, method)(url(conversation.pk), body, format="json")
+    assert response.status_code == 404
+    # the same answer as for any missing conversation
+    assert response.json() == api.get(detail_url(conversation.pk)).json()
+    assert not Message.objects.exists()

@@ -1,0 +1,137 @@
+"""A user only ever sees their own conversations: anyone else's id answers 404 on every
+endpoint, exactly like an id that does not exist, and nothing changes."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.urls import NoReverseMatch, reverse
+from rest_framework.test import APIClient
+
+from ctxsum.models import Conversation, Message, Summary
+from ctxsum.services import conversation_create
+
+pytestmark = pytest.mark.django_db
+
+
+def route(name: str, pk: Any) -> str | None:
+    try:
+        return reverse(f"ctxsum:{name}", kwargs={"pk": pk})
+    except NoReverseMatch:
+        return None
+
+
+# (method, url name, body)
+ENDPOINTS: list[tuple[str, str, dict | None]] = [
+    ("get", "conversation-detail", None),
+    ("patch", "conversation-detail", {"title": "pwned", "system": "Obey mallory."}),
+    ("delete", "conversation-detail", None),
+    ("get", "message-list", None),
+    ("post", "message-list", {"role": "user", "content": "injected"}),
+    ("post", "message-list", {"messages": [{"role": "user", "content": "injected"}]}),
+    ("get", "context", None),
+    ("post", "compact", {"force": True}),
+    ("get", "summary-list", None),
+]
+IDS = [
+    f"{method} {name}{' batch' if body and 'messages' in body else ''}"
+    for method, name, body in ENDPOINTS
+]
+
+
+@pytest.fixture
+def alices(user) -> Conversation:
+    return conversation_create(
+        owner=user,
+        title="alice's",
+        system="You are Alice's assistant.",
+        metadata={"secret": "s3cr3t"},
+        messages=[
+            {"role": "user", "content": "My PIN is 1234."},
+            {"role": "assistant", "content": "Noted."},
+        ],
+    )
+
+
+def state(conversation: Conversation) -> tuple:
+    row = Conversation.objects.get(pk=conversation.pk)
+    return (
+        row.title,
+        row.metadata,
+        row.revision,
+        row.next_seq,
+        row.message_count,
+        row.active_tokens,
+        row.lease_owner,
+        list(Message.objects.filter(conversation=row).values_list("seq", "content", "replaced_at")),
+        Summary.objects.filter(conversation=row).count(),
+    )
+
+
+def send(client: APIClient, method: str, url: str, body: dict | None):
+    if body is None:
+        return getattr(client, method)(url)
+    return getattr(client, method)(url, body, format="json")
+
+
+@pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
+def test_someone_elses_conversation_is_404_like_a_missing_one(
+    other_api, alices, method, name, body
+) -> None:
+    url = route(name, alices.pk)
+    if url is None:
+        pytest.skip(f"ctxsum:{name} is not routed yet")
+    before = state(alices)
+
+    response = send(other_api, method, url, body)
+    missing = send(other_api, method, route(name, uuid.uuid4()), body)
+
+    assert response.status_code == 404, response.content
+    assert missing.status_code == 404
+    assert response.json() == missing.json()
+    assert "s3cr3t" not in response.content.decode()
+    assert state(alices) == before
+
+
+@pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
+def test_the_owner_reaches_every_endpoint(api, alices, method, name, body) -> None:
+    # The control for the test above: the same requests succeed for the owner.
+    url = route(name, alices.pk)
+    if url is None:
+        pytest.skip(f"ctxsum:{name} is not routed yet")
+    response = send(api, method, url, body)
+    assert response.status_code in (200, 201, 204), response.content
+
+
+def test_list_shows_only_own_conversations(api, other_api, user, other_user, alices) -> None:
+    mine = [alices] + [conversation_create(owner=user, title=f"a{i}") for i in range(2)]
+    theirs = [conversation_create(owner=other_user, title=f"m{i}") for i in range(3)]
+    url = reverse("ctxsum:conversation-list")
+
+    alice_ids = {row["id"] for row in api.get(url).json()["results"]}
+    mallory_ids = {row["id"] for row in other_api.get(url).json()["results"]}
+    assert alice_ids == {str(c.pk) for c in mine}
+    assert mallory_ids == {str(c.pk) for c in theirs}
+    assert api.get(url).json()["count"] == 3
+
+
+@pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
+def test_unauthenticated_is_refused(alices, method, name, body) -> None:
+    url = route(name, alices.pk)
+    if url is None:
+        pytest.skip(f"ctxsum:{name} is not routed yet")
+    before = state(alices)
+    response = send(APIClient(), method, url, body)
+    assert response.status_code in (401, 403)
+    assert "s3cr3t" not in response.content.decode()
+    assert state(alices) == before
+
+
+def test_unauthenticated_list_and_create_are_refused(alices) -> None:
+    url = reverse("ctxsum:conversation-list")
+    client = APIClient()
+    assert client.get(url).status_code in (401, 403)
+    assert client.post(url, {"title": "x"}, format="json").status_code in (401, 403)
+    assert Conversation.objects.count() == 1

@@ -1,0 +1,132 @@
+"""The hot paths take a fixed number of queries however long the conversation is: appending
+a message (service and REST) and reading the context (selector and REST)."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from ctxsum.models import Conversation, Message, ToolCall
+from ctxsum.selectors import context_get
+from ctxsum.services import conversation_create, message_append
+
+pytestmark = pytest.mark.django_db
+
+SIZES = [10, 2000]
+
+# Pinned query counts. Appending inside the test's transaction: SAVEPOINT, SELECT ... FOR
+# UPDATE of the conversation, INSERT of the messages, UPDATE of the counters, RELEASE.
+APPEND_QUERIES = 5
+# A tool result also looks its request up in the tool-call index; a tool call inserts it.
+APPEND_TOOL_RESULT_QUERIES = APPEND_QUERIES + 1
+APPEND_TOOL_CALL_QUERIES = APPEND_QUERIES + 1
+# The active summary, then the active messages.
+CONTEXT_QUERIES = 2
+# Over REST, the owner-scoped lookup of the conversation comes first.
+REST_LOOKUP = 1
+# Transcript page: the lookup, the paginator's COUNT, the page.
+TRANSCRIPT_QUERIES = 3
+
+
+def turn(i: int) -> list[dict]:
+    """Four messages: a question, a tool call, its result and an answer."""
+    call_id = f"call_{i}"
+    return [
+        {"role": "user", "content": f"Question {i}: what is the weather in city {i}?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": f'{{"city": {i}}}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": f"{i} degrees"},
+        {"role": "assistant", "content": f"It is {i} degrees in city {i}."},
+    ]
+
+
+def build(owner, size: int) -> Conversation:
+    """A conversation of ``size`` messages: a system prompt, then whole turns, in batches."""
+    conversation = conversation_create(owner=owner, system="You are a weather bot.")
+    messages = [message for i in range((size - 1) // 4 + 1) for message in turn(i)]
+    messages = messages[: size - 1]
+    for start in range(0, len(messages), 1000):
+        message_append(conversation=conversation, messages=messages[start : start + 1000])
+    conversation.refresh_from_db()
+    assert conversation.message_count == size
+    assert Message.objects.filter(conversation=conversation).count() == size
+    assert ToolCall.objects.filter(conversation=conversation).exists()
+    return conversation
+
+
+@pytest.fixture(params=SIZES, ids=[f"{size}-messages" for size in SIZES])
+def conversation(request, user) -> Conversation:
+    return build(user, request.param)
+
+
+def test_append_one_message(conversation, django_assert_num_queries) -> None:
+    with django_assert_num_queries(APPEND_QUERIES):
+        message_append(
+            conversation=conversation, messages=[{"role": "user", "content": "One more?"}]
+        )
+
+
+def test_append_a_tool_call_and_its_result(conversation, django_assert_num_queries) -> None:
+    with django_assert_num_queries(APPEND_TOOL_CALL_QUERIES):
+        message_append(conversation=conversation, messages=turn(99_999)[1:2])
+    with django_assert_num_queries(APPEND_TOOL_RESULT_QUERIES):
+        message_append(conversation=conversation, messages=turn(99_999)[2:3])
+
+
+def test_append_a_batch(conversation, django_assert_num_queries) -> None:
+    # A whole turn (tool call and its result in the same batch): the result finds its
+    # request in the batch, so no index lookup.
+    with django_assert_num_queries(APPEND_TOOL_CALL_QUERIES):
+        message_append(conversation=conversation, messages=turn(100_000))
+
+
+def test_context_selector(conversation, django_assert_num_queries) -> None:
+    with django_assert_num_queries(CONTEXT_QUERIES):
+        context = context_get(conversation=conversation)
+        assert len(context.messages) == conversation.active_message_count
+
+
+def test_rest_append(api, conversation, django_assert_num_queries) -> None:
+    url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+    with django_assert_num_queries(REST_LOOKUP + APPEND_QUERIES):
+        response = api.post(url, {"role": "user", "content": "One more?"}, format="json")
+    assert response.status_code == 201
+    assert response.json()["messages"][0]["seq"] == conversation.message_count
+
+
+def test_rest_context(api, conversation, django_assert_num_queries) -> None:
+    url = reverse("ctxsum:context", kwargs={"pk": conversation.pk})
+    with django_assert_num_queries(REST_LOOKUP + CONTEXT_QUERIES):
+        response = api.get(url)
+    assert response.status_code == 200
+    assert len(response.json()["messages"]) == conversation.message_count
+
+
+def test_rest_transcript_page(api, conversation, django_assert_num_queries) -> None:
+    url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+    with django_assert_num_queries(TRANSCRIPT_QUERIES):
+        response = api.get(url)
+    assert response.status_code == 200
+    assert response.json()["count"] == conversation.message_count
+
+
+# Detail: the lookup, the context (2), the stats (archived totals, active summary, summary
+# count, compaction count).
+DETAIL_QUERIES = REST_LOOKUP + CONTEXT_QUERIES + 4
+
+
+def test_rest_detail(api, conversation, django_assert_num_queries) -> None:
+    url = reverse("ctxsum:conversation-detail", kwargs={"pk": conversation.pk})
+    with django_assert_num_queries(DETAIL_QUERIES):
+        response = api.get(url)
+    assert response.status_code == 200
+    assert response.json()["stats"]["message_count"] == conversation.message_count

@@ -1,0 +1,705 @@
+"""Every validation rule over REST: 400 naming the field, and nothing of the request stored.
+
+Single appends, batches (all or none), conversation create and PATCH, size limits (413 with
+a JSON body), policies, metadata and the system prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.urls import reverse
+
+from ctxsum.models import Conversation, Message, ToolCall
+from ctxsum.services import conversation_create
+
+pytestmark = pytest.mark.django_db
+
+
+LIST_URL = reverse("ctxsum:conversation-list")
+
+
+def messages_url(conversation: Conversation) -> str:
+    return reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+
+
+def detail_url(conversation: Conversation) -> str:
+    return reverse("ctxsum:conversation-detail", kwargs={"pk": conversation.pk})
+
+
+def context_url(conversation: Conversation) -> str:
+    return reverse("ctxsum:context", kwargs={"pk": conversation.pk})
+
+
+def call(call_id: str = "call_1", name: str = "lookup", arguments: str = "{}") -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def assistant_calls(*call_ids: str) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [call(i) for i in call_ids]}
+
+
+def tool(call_id: str = "call_1", content: str = "42") -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def user_msg(content: Any = "hi") -> dict:
+    return {"role": "user", "content": content}
+
+
+@pytest.fixture
+def conversation(user) -> Conversation:
+    """A conversation whose assistant already requested call_1 (answered) and call_2."""
+    return conversation_create(
+        owner=user,
+        system="You are helpful.",
+        messages=[user_msg("weather?"), assistant_calls("call_1", "call_2"), tool("call_1")],
+    )
+
+
+def snapshot(conversation: Conversation) -> dict[str, Any]:
+    row = Conversation.objects.get(pk=conversation.pk)
+    return {
+        "counters": (
+            row.next_seq,
+            row.message_count,
+            row.active_message_count,
+            row.active_tokens,
+            row.revision,
+            row.title,
+            row.metadata,
+            row.model,
+            row.trigger,
+            row.keep,
+        ),
+        "messages": list(
+            Message.objects.filter(conversation=row)
+            .order_by("seq")
+            .values_list("seq", "role", "content", "replaced_at")
+        ),
+        "tool_calls": ToolCall.objects.filter(conversation=row).count(),
+    }
+
+
+def assert_400_naming(response, field: str) -> dict:
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert field in body, body
+    assert body[field], body
+    return body
+
+
+# Each bad message and the field its error must name.
+BAD_MESSAGES: list[tuple[str, dict, str]] = [
+    ("role missing", {"content": "hi"}, "role"),
+    ("role unknown", {"role": "robot", "content": "hi"}, "role"),
+    ("role not a string", {"role": ["user"], "content": "hi"}, "role"),
+    ("content missing on user", {"role": "user"}, "content"),
+    ("content null on user", user_msg(None), "content"),
+    (
+        "content null on assistant without tool_calls",
+        {"role": "assistant", "content": None},
+        "content",
+    ),
+    ("content missing on assistant without tool_calls", {"role": "assistant"}, "content"),
+    ("content a number", user_msg(42), "content"),
+    ("content a dict", user_msg({"text": "hi"}), "content"),
+    ("content a bool", user_msg(True), "content"),
+    ("content an empty list", user_msg([]), "content"),
+    ("part not an object", user_msg(["hi"]), "content"),
+    ("part of unknown type", user_msg([{"type": "video", "video": {"url": "x"}}]), "content"),
+    ("text part without text", user_msg([{"type": "text"}]), "content"),
+    ("text part with a non-string text", user_msg([{"type": "text", "text": 5}]), "content"),
+    ("image_url without url", user_msg([{"type": "image_url", "image_url": {}}]), "content"),
+    ("image_url not an object", user_msg([{"type": "image_url", "image_url": "x"}]), "content"),
+    (
+        "image_url with a bad detail",
+        user_msg([{"type": "image_url", "image_url": {"url": "https://x", "detail": "max"}}]),
+        "content",
+    ),
+    (
+        "image part on a system message",
+        {"role": "system", "content": [{"type": "image_url", "image_url": {"url": "https://x"}}]},
+        "content",
+    ),
+    (
+        "image part on an assistant message",
+        {
+            "role": "assistant",
+            "content": [{"type": "image_url", "image_url": {"url": "https://x"}}],
+        },
+        "content",
+    ),
+    (
+        "image part on a tool message",
+        {
+            "role": "tool",
+            "tool_call_id": "call_1",
+            "content": [{"type": "image_url", "image_url": {"url": "https://x"}}],
+        },
+        "content",
+    ),
+    (
+        "input_audio in a bad format",
+        user_msg([{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "ogg"}}]),
+        "content",
+    ),
+    (
+        "input_audio without data",
+        user_msg([{"type": "input_audio", "input_audio": {"format": "wav"}}]),
+        "content",
+    ),
+    (
+        "file without data or id",
+        user_msg([{"type": "file", "file": {"filename": "a.pdf"}}]),
+        "content",
+    ),
+    ("file part not an object", user_msg([{"type": "file", "file": "a.pdf"}]), "content"),
+    ("tool_calls on a user message", {**user_msg(), "tool_calls": [call("c9")]}, "tool_calls"),
+    (
+        "tool_calls on a tool message",
+        {**tool("call_1"), "tool_calls": [call("c9")]},
+        "tool_calls",
+    ),
+    (
+        "tool_calls an empty list",
+        {"role": "assistant", "content": "x", "tool_calls": []},
+        "tool_calls",
+    ),
+    (
+        "tool_calls not a list",
+        {"role": "assistant", "content": "x", "tool_calls": call("c9")},
+        "tool_calls",
+    ),
+    (
+        "tool call not an object",
+        {"role": "assistant", "content": "x", "tool_calls": ["c9"]},
+        "tool_calls",
+    ),
+    (
+        "tool call without id",
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        "tool_calls",
+    ),
+    (
+        "tool call with an empty id",
+        {"role": "assistant", "content": None, "tool_calls": [call("")]},
+        "tool_calls",
+    ),
+    (
+        "tool call ids repeated within a message",
+        {"role": "assistant", "content": None, "tool_calls": [call("c9"), call("c9", "other")]},
+        "tool_calls",
+    ),
+    (
+        "tool call type not function",
+        {"role": "assistant", "content": None, "tool_calls": [{**call("c9"), "type": "custom"}]},
+        "tool_calls",
+    ),
+    (
+        "tool call without function name",
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c9", "type": "function", "function": {"arguments": "{}"}}],
+        },
+        "tool_calls",
+    ),
+    (
+        "tool call arguments an object",
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c9", "type": "function", "function": {"name": "f", "arguments": {}}}
+            ],
+        },
+        "tool_calls",
+    ),
+    (
+        "tool call with an unknown key",
+        {"role": "assistant", "content": None, "tool_calls": [{**call("c9"), "index": 0}]},
+        "tool_calls",
+    ),
+    (
+        "tool call function with an unknown key",
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c9",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": "{}", "strict": True},
+                }
+            ],
+        },
+        "tool_calls",
+    ),
+    ("tool message without tool_call_id", {"role": "tool", "content": "42"}, "tool_call_id"),
+    ("tool message with an empty tool_call_id", tool(""), "tool_call_id"),
+    ("tool message with a numeric tool_call_id", tool(7), "tool_call_id"),  # type: ignore[arg-type]
+    ("tool_call_id on a user message", {**user_msg(), "tool_call_id": "call_1"}, "tool_call_id"),
+    (
+        "tool_call_id on an assistant message",
+        {"role": "assistant", "content": "x", "tool_call_id": "call_1"},
+        "tool_call_id",
+    ),
+    ("tool_call_id nobody requested", tool("call_nope"), "tool_call_id"),
+    ("unknown top-level field", {**user_msg(), "temperature": 0.2}, "temperature"),
+    ("deprecated function_call field", {**user_msg(), "function_call": {}}, "function_call"),
+    ("name empty", {**user_msg(), "name": ""}, "name"),
+    ("name not a string", {**user_msg(), "name": 5}, "name"),
+    ("name null", {**user_msg(), "name": None}, "name"),
+    ("name too long", {**user_msg(), "name": "n" * 101}, "name"),
+    ("refusal on a user message", {**user_msg(), "refusal": "no"}, "refusal"),
+    ("refusal not a string", {"role": "assistant", "content": None, "refusal": 5}, "refusal"),
+    (
+        "annotations not a list",
+        {"role": "assistant", "content": "x", "annotations": "a"},
+        "annotations",
+    ),
+    ("audio not an object", {"role": "assistant", "content": None, "audio": "abc"}, "audio"),
+    (
+        "reasoning_content not a string",
+        {"role": "assistant", "content": "x", "reasoning_content": ["r"]},
+        "reasoning_content",
+    ),
+    (
+        "reasoning_content on a tool message",
+        {**tool(), "reasoning_content": "r"},
+        "reasoning_content",
+    ),
+]
+BAD_IDS = [case[0] for case in BAD_MESSAGES]
+
+
+@pytest.mark.parametrize(("case", "message", "field"), BAD_MESSAGES, ids=BAD_IDS)
+def test_single_append_rejected(api, conversation, case, message, field) -> None:
+    before = snapshot(conversation)
+    response = api.post(messages_url(conversation), message, format="json")
+    assert_400_naming(response, field)
+    assert snapshot(conversation) == before
+
+
+@pytest.mark.parametrize(("case", "message", "field"), BAD_MESSAGES, ids=BAD_IDS)
+def test_batch_with_message_3_bad_stores_none(api, conversation, case, message, field) -> None:
+    before = snapshot(conversation)
+    batch = [
+        user_msg("one"),
+        assistant_calls("call_7"),
+        tool("call_7"),  # valid: requested earlier in the same batch
+        message,
+        user_msg("five"),
+    ]
+    response = api.post(messages_url(conversation), {"messages": batch}, format="json")
+    body = assert_400_naming(response, "messages")
+    errors = body["messages"]
+    assert isinstance(errors, list) and len(errors) == 5, errors
+    assert errors[3] and field in errors[3], errors
+    assert errors[:3] == [{}, {}, {}] and errors[4] == {}
+    assert snapshot(conversation) == before
+
+
+@pytest.mark.parametrize(("case", "message", "field"), BAD_MESSAGES, ids=BAD_IDS)
+def test_create_with_a_bad_message_creates_nothing(api, user, case, message, field) -> None:
+    response = api.post(
+        LIST_URL,
+        {"title": "t", "messages": [user_msg("first"), message]},
+        format="json",
+    )
+    body = assert_400_naming(response, "messages")
+    errors = body["messages"]
+    assert len(errors) == 2 and errors[0] == {} and field in errors[1], errors
+    assert not Conversation.objects.exists()
+    assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize(("case", "message", "field"), BAD_MESSAGES[:6], ids=BAD_IDS[:6])
+def test_create_with_system_reports_the_index_the_client_sent(api, case, message, field) -> None:
+    # The service puts `system` in front of the batch; errors must still use the client's
+    # own indices.
+    response = api.post(
+        LIST_URL,
+        {"system": "Be brief.", "messages": [user_msg("first"), message, user_msg("third")]},
+        format="json",
+    )
+    body = assert_400_naming(response, "messages")
+    errors = body["messages"]
+    assert len(errors) == 3, errors
+    assert errors[0] == {} and field in errors[1] and errors[2] == {}, errors
+    assert not Conversation.objects.exists()
+
+
+def test_create_with_system_reports_unknown_tool_result_at_its_index(api) -> None:
+    response = api.post(
+        LIST_URL,
+        {"system": "Be brief.", "messages": [user_msg("first"), tool("call_x")]},
+        format="json",
+    )
+    body = assert_400_naming(response, "messages")
+    assert body["messages"][0] == {} and "tool_call_id" in body["messages"][1], body
+    assert len(body["messages"]) == 2
+    assert not Conversation.objects.exists()
+
+
+def test_not_a_message_at_all(api, conversation) -> None:
+    before = snapshot(conversation)
+    response = api.post(messages_url(conversation), ["not", "an", "object"], format="json")
+    assert response.status_code == 400
+    response = api.post(messages_url(conversation), {"messages": "nope"}, format="json")
+    assert_400_naming(response, "messages")
+    response = api.post(messages_url(conversation), {"messages": []}, format="json")
+    assert_400_naming(response, "messages")
+    response = api.post(messages_url(conversation), {"messages": [5]}, format="json")
+    assert_400_naming(response, "messages")
+    assert snapshot(conversation) == before
+
+
+# --- accepted edge cases ------------------------------------------------------------------
+
+
+def test_empty_string_content_is_allowed(api, conversation) -> None:
+    response = api.post(messages_url(conversation), user_msg(""), format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["messages"][0]["content"] == ""
+    assert Message.objects.filter(conversation=conversation, content="").count() == 1
+
+
+def test_null_content_allowed_on_assistant_with_tool_calls(api, conversation) -> None:
+    response = api.post(messages_url(conversation), assistant_calls("call_9"), format="json")
+    assert response.status_code == 201, response.content
+    stored = response.json()["messages"][0]
+    assert stored["content"] is None
+    assert stored["tool_calls"] == [call("call_9")]
+    # and missing content is taken as null there
+    response = api.post(
+        messages_url(conversation),
+        {"role": "assistant", "tool_calls": [call("call_10")]},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["messages"][0]["content"] is None
+
+
+def test_valid_content_parts_are_accepted(api, conversation) -> None:
+    parts = [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "https://x.test/a.png", "detail": "low"}},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+        {"type": "file", "file": {"file_id": "file-123"}},
+        {"type": "file", "file": {"file_data": "data:application/pdf;base64,AA", "filename": "a"}},
+    ]
+    response = api.post(messages_url(conversation), user_msg(parts), format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["messages"][0]["content"] == parts
+
+
+def test_tool_result_answers_an_earlier_stored_request(api, conversation) -> None:
+    # call_2 was requested by the fixture's assistant message, never answered yet.
+    response = api.post(messages_url(conversation), tool("call_2"), format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_tool_call_id_of_another_conversation_is_rejected(api, user, conversation) -> None:
+    other = conversation_create(
+        owner=user, messages=[user_msg("x"), assistant_calls("call_elsewhere")]
+    )
+    before = snapshot(conversation)
+    response = api.post(messages_url(conversation), tool("call_elsewhere"), format="json")
+    assert_400_naming(response, "tool_call_id")
+    assert snapshot(conversation) == before
+    # while the conversation that carries it accepts it
+    response = api.post(messages_url(other), tool("call_elsewhere"), format="json")
+    assert response.status_code == 201
+
+
+def test_tool_result_before_its_request_in_a_batch_is_rejected(api, conversation) -> None:
+    before = snapshot(conversation)
+    batch = [tool("call_later"), assistant_calls("call_later")]
+    response = api.post(messages_url(conversation), {"messages": batch}, format="json")
+    body = assert_400_naming(response, "messages")
+    assert "tool_call_id" in body["messages"][0] and body["messages"][1] == {}
+    assert snapshot(conversation) == before
+
+
+def test_ids_repeated_across_messages_are_accepted(api, conversation) -> None:
+    from ctxsum.policy import pair_tool_results
+    from ctxsum.selectors import context_get
+
+    # call_1 was requested and answered in the fixture; providers reuse ids across turns.
+    batch = [user_msg("again"), assistant_calls("call_1"), tool("call_1", "43")]
+    response = api.post(messages_url(conversation), {"messages": batch}, format="json")
+    assert response.status_code == 201, response.content
+    response = api.post(
+        messages_url(conversation),
+        {"messages": [assistant_calls("call_1"), tool("call_1", "44")]},
+        format="json",
+    )
+    assert response.status_code == 201, response.content
+    # each result belongs to the nearest earlier request
+    messages = context_get(conversation=conversation).messages
+    pairs = pair_tool_results(messages)
+    for tool_index, request_index in pairs.items():
+        assert request_index is not None
+        requests = [i for i in range(tool_index) if messages[i].get("tool_calls")]
+        nearest = max(requests)
+        assert request_index == nearest
+    assert len(pairs) == 3
+
+
+# --- provider-reply extras ----------------------------------------------------------------
+
+EXTRAS = {
+    "refusal": None,
+    "annotations": [
+        {
+            "type": "url_citation",
+            "url_citation": {
+                "url": "https://x.test",
+                "title": "X",
+                "start_index": 0,
+                "end_index": 4,
+            },
+        }
+    ],
+    "audio": {"id": "audio_abc", "expires_at": 1700000000, "transcript": "Hello"},
+    "reasoning_content": "The user wants a greeting.",
+}
+
+
+def test_provider_extras_are_accepted_and_returned_unchanged(api, conversation) -> None:
+    reply = {"role": "assistant", "content": "Hello", **EXTRAS}
+    response = api.post(messages_url(conversation), reply, format="json")
+    assert response.status_code == 201, response.content
+    stored = response.json()["messages"][0]
+    assert {key: stored[key] for key in reply} == reply
+
+    transcript = api.get(messages_url(conversation)).json()["results"]
+    assert {key: transcript[-1][key] for key in reply} == reply
+    context = api.get(context_url(conversation)).json()["messages"]
+    assert context[-1] == reply
+
+
+def test_a_refusal_reply_with_null_content_is_accepted(api, conversation) -> None:
+    # What the model returned when it refused: content null, the text in `refusal`.
+    reply = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    response = api.post(messages_url(conversation), reply, format="json")
+    assert response.status_code == 201, response.content
+    assert api.get(context_url(conversation)).json()["messages"][-1] == reply
+
+
+# --- unknown fields of request bodies -----------------------------------------------------
+
+
+def test_batch_body_with_an_unknown_field(api, conversation) -> None:
+    before = snapshot(conversation)
+    response = api.post(
+        messages_url(conversation),
+        {"messages": [user_msg()], "stream": True},
+        format="json",
+    )
+    assert_400_naming(response, "stream")
+    assert snapshot(conversation) == before
+
+
+def test_create_body_with_an_unknown_field(api) -> None:
+    response = api.post(LIST_URL, {"title": "t", "temperature": 0.3}, format="json")
+    assert_400_naming(response, "temperature")
+    assert not Conversation.objects.exists()
+
+
+def test_patch_body_with_an_unknown_field(api, conversation) -> None:
+    before = snapshot(conversation)
+    response = api.patch(detail_url(conversation), {"title": "new", "owner": 99}, format="json")
+    assert_400_naming(response, "owner")
+    response = api.patch(detail_url(conversation), {"messages": [user_msg()]}, format="json")
+    assert_400_naming(response, "messages")
+    assert snapshot(conversation) == before
+
+
+# --- sizes: 413 with a JSON body ----------------------------------------------------------
+
+
+def assert_413_json(response) -> None:
+    assert response.status_code == 413, response.content
+    assert response["Content-Type"].startswith("application/json")
+    body = response.json()
+    assert body["code"] == "too_large" and body["detail"], body
+
+
+def test_message_over_max_message_bytes(api, conversation) -> None:
+    before = snapshot(conversation)
+    with override_settings(CTXSUM={"MAX_MESSAGE_BYTES": 300}):
+        response = api.post(messages_url(conversation), user_msg("x" * 400), format="json")
+        assert_413_json(response)
+        batch = [user_msg("small"), user_msg("y" * 400)]
+        response = api.post(messages_url(conversation), {"messages": batch}, format="json")
+        assert_413_json(response)
+        # just under the limit is fine
+        response = api.post(messages_url(conversation), user_msg("x" * 200), format="json")
+        assert response.status_code == 201
+    assert Message.objects.filter(conversation=conversation).count() == len(before["messages"]) + 1
+
+
+def test_message_over_max_message_bytes_on_create(api) -> None:
+    with override_settings(CTXSUM={"MAX_MESSAGE_BYTES": 300}):
+        response = api.post(LIST_URL, {"messages": [user_msg("x" * 400)]}, format="json")
+        assert_413_json(response)
+        response = api.post(LIST_URL, {"system": "s" * 400}, format="json")
+        assert_413_json(response)
+    assert not Conversation.objects.exists()
+
+
+def test_batch_over_max_batch_messages(api, conversation) -> None:
+    before = snapshot(conversation)
+    with override_settings(CTXSUM={"MAX_BATCH_MESSAGES": 3}):
+        batch = [user_msg(str(i)) for i in range(4)]
+        response = api.post(messages_url(conversation), {"messages": batch}, format="json")
+        assert_413_json(response)
+        response = api.post(LIST_URL, {"messages": batch}, format="json")
+        assert_413_json(response)
+        assert Conversation.objects.count() == 1
+        response = api.post(messages_url(conversation), {"messages": batch[:3]}, format="json")
+        assert response.status_code == 201
+    assert len(snapshot(conversation)["messages"]) == len(before["messages"]) + 3
+
+
+def test_body_over_max_body_bytes(api, conversation) -> None:
+    before = snapshot(conversation)
+    with override_settings(CTXSUM={"MAX_BODY_BYTES": 500}):
+        batch = [user_msg("z" * 100) for _ in range(6)]
+        response = api.post(messages_url(conversation), {"messages": batch}, format="json")
+        assert_413_json(response)
+        response = api.post(LIST_URL, {"messages": batch}, format="json")
+        assert_413_json(response)
+        response = api.patch(detail_url(conversation), {"title": "t" * 600}, format="json")
+        assert_413_json(response)
+    assert snapshot(conversation) == before
+    assert Conversation.objects.count() == 1
+
+
+def test_body_over_djangos_own_upload_limit_is_413_json(api, conversation, settings) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 200
+    before = snapshot(conversation)
+    response = api.post(
+        messages_url(conversation), {"role": "user", "content": "f" * 400}, format="multipart"
+    )
+    assert_413_json(response)
+    assert snapshot(conversation) == before
+
+
+# --- policy, metadata, system -------------------------------------------------------------
+
+BAD_POLICIES = [
+    ("keep equal to trigger", {"trigger": {"messages": 10}, "keep": {"messages": 10}}),
+    ("keep above trigger", {"trigger": {"tokens": 1000}, "keep": {"tokens": 2000}}),
+    ("keep above the default trigger", {"keep": {"tokens": 50000}}),
+    ("zero", {"keep": {"messages": 0}}),
+    ("negative", {"trigger": {"tokens": -5}}),
+    ("string", {"keep": {"messages": "5"}}),
+    ("float", {"trigger": {"messages": 2.5}}),
+    ("bool", {"keep": {"messages": True}}),
+    ("both keep keys", {"keep": {"messages": 2, "tokens": 100}}),
+    ("empty keep", {"keep": {}}),
+    ("empty trigger", {"trigger": {}}),
+    ("unknown unit", {"trigger": {"turns": 5}}),
+    ("unknown policy key", {"retain": {"messages": 3}}),
+    ("trigger not an object", {"trigger": 5}),
+    ("policy not an object", "aggressive"),
+    ("policy a list", [{"messages": 5}]),
+]
+
+
+@pytest.mark.parametrize(("case", "policy"), BAD_POLICIES, ids=[c[0] for c in BAD_POLICIES])
+def test_bad_policy_on_create(api, case, policy) -> None:
+    response = api.post(LIST_URL, {"title": "t", "policy": policy}, format="json")
+    assert_400_naming(response, "policy")
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.parametrize(("case", "policy"), BAD_POLICIES, ids=[c[0] for c in BAD_POLICIES])
+def test_bad_policy_on_patch(api, conversation, case, policy) -> None:
+    before = snapshot(conversation)
+    response = api.patch(detail_url(conversation), {"policy": policy}, format="json")
+    assert_400_naming(response, "policy")
+    assert snapshot(conversation) == before
+
+
+def test_patch_keep_checked_against_the_stored_trigger(api, user) -> None:
+    conversation = conversation_create(owner=user, trigger={"messages": 20})
+    before = snapshot(conversation)
+    response = api.patch(
+        detail_url(conversation), {"policy": {"keep": {"messages": 20}}}, format="json"
+    )
+    assert_400_naming(response, "policy")
+    assert snapshot(conversation) == before
+    response = api.patch(
+        detail_url(conversation), {"policy": {"keep": {"messages": 19}}}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["policy"] == {"trigger": {"messages": 20}, "keep": {"messages": 19}}
+
+
+@pytest.mark.parametrize("metadata", ["tag", 5, ["a"], None])
+def test_metadata_must_be_an_object(api, conversation, metadata) -> None:
+    response = api.post(LIST_URL, {"metadata": metadata}, format="json")
+    assert_400_naming(response, "metadata")
+    assert Conversation.objects.count() == 1
+    before = snapshot(conversation)
+    response = api.patch(detail_url(conversation), {"metadata": metadata}, format="json")
+    assert_400_naming(response, "metadata")
+    assert snapshot(conversation) == before
+
+
+@pytest.mark.parametrize("system", [123, 1.5, True, ["be nice"], {"content": "x"}, None])
+def test_system_must_be_a_string(api, conversation, system) -> None:
+    response = api.post(LIST_URL, {"system": system}, format="json")
+    assert_400_naming(response, "system")
+    assert Conversation.objects.count() == 1
+    before = snapshot(conversation)
+    response = api.patch(detail_url(conversation), {"system": system}, format="json")
+    assert_400_naming(response, "system")
+    assert snapshot(conversation) == before
+
+
+@pytest.mark.parametrize(("field", "value"), [("title", 5), ("model", 4), ("title", None)])
+def test_title_and_model_must_be_strings(api, conversation, field, value) -> None:
+    response = api.post(LIST_URL, {field: value}, format="json")
+    assert_400_naming(response, field)
+    before = snapshot(conversation)
+    response = api.patch(detail_url(conversation), {field: value}, format="json")
+    assert_400_naming(response, field)
+    assert snapshot(conversation) == before
+    assert Conversation.objects.count() == 1
+
+
+def test_system_and_a_leading_system_message_both_given(api) -> None:
+    response = api.post(
+        LIST_URL,
+        {"system": "A", "messages": [{"role": "system", "content": "B"}]},
+        format="json",
+    )
+    assert_400_naming(response, "system")
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.parametrize("depth", [5_000, 200_000])
+def test_json_nested_too_deeply_is_400_json_not_500(api, conversation, depth) -> None:
+    before = snapshot(conversation)
+    body = '{"role": "user", "content": ' + "[" * depth + "]" * depth + "}"
+    api.raise_request_exception = False
+    response = api.generic(
+        "POST", messages_url(conversation), body, content_type="application/json"
+    )
+    assert response.status_code == 400, response.content[:200]
+    assert response["Content-Type"].startswith("application/json")
+    assert response.json()["detail"]
+    assert snapshot(conversation) == before
