@@ -8,7 +8,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from rest_framework import exceptions, status
-from rest_framework.generics import GenericAPIView, get_object_or_404
+from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -33,6 +33,7 @@ from ctxsum.services.compaction import (
     conversation_compact,
 )
 
+CONVERSATION_NOT_FOUND = "No such conversation."
 BODY_TOO_LARGE = "The request body is {size} bytes; the limit is {limit} bytes."
 TOO_DEEP = "The JSON is nested too deeply."
 
@@ -81,7 +82,7 @@ class CtxsumView(GenericAPIView):
             exc = exceptions.ParseError(TOO_DEEP)
         elif isinstance(exc, Conversation.DoesNotExist):
             # Deleted by another request between the lookup and the service's locked re-read.
-            exc = exceptions.NotFound("No Conversation matches the given query.")
+            exc = exceptions.NotFound(CONVERSATION_NOT_FOUND)
         elif isinstance(exc, DjangoValidationError):
             exc = exceptions.ValidationError(
                 exc.message_dict if hasattr(exc, "error_dict") else exc.messages
@@ -92,7 +93,11 @@ class CtxsumView(GenericAPIView):
         return response
 
     def get_conversation(self) -> Conversation:
-        return get_object_or_404(Conversation, pk=self.kwargs["pk"], owner=self.request.user)
+        # Someone else's conversation, a missing one and a malformed id answer alike.
+        try:
+            return Conversation.objects.get(pk=self.kwargs["pk"], owner=self.request.user)
+        except (Conversation.DoesNotExist, DjangoValidationError, ValueError) as error:
+            raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
 
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:
