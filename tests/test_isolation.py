@@ -130,3 +130,18 @@ def test_unauthenticated_list_and_create_are_refused(alices) -> None:
     assert client.get(url).status_code in (401, 403)
     assert client.post(url, {"title": "x"}, format="json").status_code in (401, 403)
     assert Conversation.objects.count() == 1
+
+
+def test_every_view_requires_a_user_whatever_the_project_defaults() -> None:
+    # DRF reads DEFAULT_PERMISSION_CLASSES once, at import, into APIView: a project that
+    # allows anyone must still not reach ctxsum's views anonymously, so the base view sets
+    # its own.
+    from rest_framework.permissions import IsAuthenticated
+
+    from ctxsum.api.urls import urlpatterns
+    from ctxsum.api.views import CtxsumView
+
+    assert vars(CtxsumView)["permission_classes"] == [IsAuthenticated]
+    for pattern in urlpatterns:
+        assert issubclass(pattern.callback.view_class, CtxsumView), pattern
+        assert IsAuthenticated in pattern.callback.view_class.permission_classes, pattern

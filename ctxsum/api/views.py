@@ -10,6 +10,7 @@ from django.db import transaction
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
@@ -60,6 +61,8 @@ class CtxsumView(GenericAPIView):
     """Shared behaviour: owner-scoped lookups, body limits, domain errors as HTTP errors."""
 
     pagination_class = Pagination
+    # Every endpoint needs a user, whatever the project's DRF defaults say.
+    permission_classes = [IsAuthenticated]
 
     @classmethod
     def as_view(cls, **initkwargs: Any) -> Any:
