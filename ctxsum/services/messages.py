@@ -25,6 +25,15 @@ from ctxsum.validation import (
 BATCH_EMPTY = "Send at least one message."
 BATCH_TOO_LARGE = "A batch holds {count} messages; the limit is {limit}."
 LEADING_ROLES = ("system", "developer")
+# What an append changes on the conversation row.
+COUNTER_FIELDS = (
+    "next_seq",
+    "message_count",
+    "active_message_count",
+    "active_tokens",
+    "revision",
+    "updated_at",
+)
 
 
 def messages_clean(messages: Any) -> list[dict[str, Any]]:
@@ -124,16 +133,7 @@ def messages_store(conversation: Conversation, rows: list[Message]) -> list[Mess
     conversation.active_message_count += len(rows)
     conversation.active_tokens += sum(row.token_count for row in rows)
     conversation.revision += 1
-    conversation.save(
-        update_fields=[
-            "next_seq",
-            "message_count",
-            "active_message_count",
-            "active_tokens",
-            "revision",
-            "updated_at",
-        ]
-    )
+    conversation.save(update_fields=COUNTER_FIELDS)
     return rows
 
 
@@ -155,15 +155,6 @@ def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> li
     _copy_counters(locked, conversation)
     return rows
 
-
-COUNTER_FIELDS = (
-    "next_seq",
-    "message_count",
-    "active_message_count",
-    "active_tokens",
-    "revision",
-    "updated_at",
-)
 
 
 def _copy_counters(source: Conversation, target: Conversation) -> None:
