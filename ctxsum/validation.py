@@ -41,6 +41,10 @@ TOOL_CALL_ID_TYPE = f"Must be a non-empty string of at most {MAX_ID_LENGTH} char
 TOOL_CALL_ID_UNKNOWN = (
     "No earlier assistant message in this conversation has a tool call with id {id!r}."
 )
+TOOL_CALL_ID_ARCHIVED = (
+    "The tool call with id {id!r} has been summarized; a result for it can no longer join the "
+    "context."
+)
 EXTRA_ROLE = "Only assistant messages can have this field."
 # The JSON type each extra must have when it is not null.
 EXTRA_TYPES: dict[str, tuple[type, str]] = {

@@ -17,6 +17,7 @@ from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.signals import messages_appended
 from ctxsum.validation import (
     EXTRA_FIELDS,
+    TOOL_CALL_ID_ARCHIVED,
     TOOL_CALL_ID_UNKNOWN,
     MessageInvalid,
     clean_message,
@@ -59,7 +60,9 @@ def messages_clean(messages: Any) -> list[dict[str, Any]]:
 
 def tool_results_check(conversation: Conversation, cleaned: Sequence[Mapping[str, Any]]) -> None:
     """Raise MessagesInvalid for tool results that no earlier tool call of the conversation
-    requested: the batch's own earlier messages first, then one indexed query for the rest."""
+    requested, or whose request a summary has archived (the result would stand in the
+    context without it, which model APIs reject): the batch's own earlier messages first,
+    then one indexed query for the rest."""
     requested: set[str] = set()
     wanted: dict[int, str] = {}
     for index, message in enumerate(cleaned):
@@ -69,15 +72,19 @@ def tool_results_check(conversation: Conversation, cleaned: Sequence[Mapping[str
             requested.add(call["id"])
     if not wanted:
         return
-    stored = set(
-        ToolCall.objects.filter(conversation=conversation, call_id__in=set(wanted.values()))
-        .values_list("call_id", flat=True)
-        .distinct()
-    )
+    # The nearest earlier request is the newest one with the id: if any request with the id
+    # is still active, that one is.
+    active: dict[str, bool] = {}
+    for call_id, summary_id in ToolCall.objects.filter(
+        conversation=conversation, call_id__in=set(wanted.values())
+    ).values_list("call_id", "message__summary_id"):
+        active[call_id] = active.get(call_id, False) or summary_id is None
     errors: list[dict[str, list[str]]] = [{} for _ in cleaned]
     for index, call_id in wanted.items():
-        if call_id not in stored:
+        if call_id not in active:
             errors[index] = {"tool_call_id": [TOOL_CALL_ID_UNKNOWN.format(id=call_id)]}
+        elif not active[call_id]:
+            errors[index] = {"tool_call_id": [TOOL_CALL_ID_ARCHIVED.format(id=call_id)]}
     if any(errors):
         raise MessagesInvalid(errors)
 
@@ -154,7 +161,6 @@ def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> li
         )
     _copy_counters(locked, conversation)
     return rows
-
 
 
 def _copy_counters(source: Conversation, target: Conversation) -> None:

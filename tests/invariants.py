@@ -1,0 +1,294 @@
+"""The invariants every conversation must satisfy after any append or compaction, checked
+against the database.
+
+``assert_context_invariants(conversation, original_messages=None)`` re-reads the
+conversation, its rows and its summaries, and asserts (with messages that say what broke):
+
+(a) the active context (``context_get``) starts with the leading system/developer message
+    when the conversation has one;
+(b) it holds at most one summary message: the active summary, as a user message starting
+    with ``SUMMARY_PREFIX``, right after the leading message (or first);
+(c) it ends with the newest original messages verbatim: every active non-leading row, in seq
+    order (``as_openai()``), is the context's tail, and no archived row is newer than an
+    active one. With ``original_messages`` (every message appended, in append order, in the
+    normalized form ``clean_message`` returns: ``content`` present, absent fields omitted),
+    the transcript equals it message for message and the tail equals
+    ``original_messages[-k:]`` for the k active non-leading messages (taken by seq when a
+    system message was replaced later, so the new leading message is not in the tail);
+(d) no tool result in the context lacks its request: an earlier assistant message of the
+    context with a tool call of that id;
+(e) nothing is lost and the bookkeeping adds up: rows are seq 0..n-1 with
+    n == message_count == next_seq; every row is active, archived under exactly one
+    summary, or a replaced leading message; archived rows form contiguous, version-ordered
+    runs before the active ones; summaries are versions 1..k, each ``previous`` the one
+    before, each covering (cumulatively) exactly from the first archived seq to the last seq
+    archived under it or its predecessors; there is an active summary iff a row is archived,
+    and it is the newest; every summary names its prompt version, prompt SHA-256 (64 hex)
+    and model, with from_seq <= to_seq; the counters (active_message_count, active_tokens
+    with the active summary, message_count, next_seq) equal the sums over the rows.
+
+A plain function so any test can call it after any step; it reads, never writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ctxsum.conf import ctxsum_settings
+from ctxsum.models import Conversation, Message, Summary
+from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+LEADING_ROLES = ("system", "developer")
+
+
+@dataclass
+class _State:
+    """One conversation as the database holds it, split the way the invariants talk."""
+
+    label: str
+    conversation: Conversation
+    rows: list[Message]  # the transcript, by seq
+    summaries: list[Summary]  # by version
+    context: ActiveContext
+    leading: Message | None  # the current leading system/developer message
+    active: list[Message]  # active non-leading rows, by seq
+    archived: list[Message]  # archived rows, by seq
+    active_summary: Summary | None = None
+
+
+def assert_context_invariants(
+    conversation: Conversation, *, original_messages: Sequence[Mapping[str, Any]] | None = None
+) -> None:
+    """Assert (a)-(e) above for ``conversation`` as the database holds it now."""
+    state = _load(conversation)
+    _check_rows(state)
+    _check_summaries(state)
+    _check_archived_ranges(state)
+    _check_context_shape(state)
+    if original_messages is not None:
+        _check_originals(state, [dict(message) for message in original_messages])
+    _check_tool_results(state)
+    _check_counters(state)
+
+
+def _load(conversation: Conversation) -> _State:
+    conversation = Conversation.objects.get(pk=conversation.pk)
+    rows = list(transcript_list(conversation=conversation))
+    current = [row for row in rows if row.replaced_at is None]
+    leading_rows = [row for row in current if row.is_leading]
+    label = f"conversation {conversation.pk}"
+    assert len(leading_rows) <= 1, f"{label}: {len(leading_rows)} current leading messages"
+    body = [row for row in rows if not row.is_leading]
+    return _State(
+        label=label,
+        conversation=conversation,
+        rows=rows,
+        summaries=list(Summary.objects.filter(conversation=conversation).order_by("version")),
+        context=context_get(conversation=conversation),
+        leading=leading_rows[0] if leading_rows else None,
+        active=[row for row in body if row.summary_id is None],
+        archived=[row for row in body if row.summary_id is not None],
+    )
+
+
+def _check_rows(state: _State) -> None:
+    """(e) Every row accounted for: seqs 0..n-1, n == message_count == next_seq; a row is
+    active, archived, or a replaced leading message; the leading one is never archived."""
+    label, conversation, rows = state.label, state.conversation, state.rows
+    seqs = [row.seq for row in rows]
+    assert seqs == list(range(len(rows))), f"{label}: seqs are not 0..n-1: {seqs}"
+    assert conversation.message_count == len(rows), (
+        f"{label}: message_count {conversation.message_count} but {len(rows)} rows"
+    )
+    assert conversation.next_seq == len(rows), (
+        f"{label}: next_seq {conversation.next_seq} but {len(rows)} rows"
+    )
+    for row in rows:
+        if row.replaced_at is not None:
+            assert row.is_leading and row.summary_id is None, (
+                f"{label}: seq {row.seq} is replaced but not a leading, unarchived message"
+            )
+    if rows and rows[0].role in LEADING_ROLES:
+        assert rows[0].is_leading, f"{label}: seq 0 is a {rows[0].role} message, not leading"
+    leading = state.leading
+    if leading is not None:
+        assert leading.summary_id is None, f"{label}: the leading message was archived"
+        assert leading.role in LEADING_ROLES, (
+            f"{label}: leading message seq {leading.seq} has role {leading.role!r}"
+        )
+
+
+def _check_summaries(state: _State) -> None:
+    """(e) Versions 1..k, each extending the one before; complete metadata; one active
+    summary iff a row is archived, and it is the newest."""
+    label, summaries = state.label, state.summaries
+    versions = [summary.version for summary in summaries]
+    assert versions == list(range(1, len(summaries) + 1)), (
+        f"{label}: summary versions are {versions}, not 1..{len(summaries)}"
+    )
+    for index, summary in enumerate(summaries):
+        name = f"{label}: summary v{summary.version}"
+        expected_previous = summaries[index - 1].pk if index else None
+        assert summary.previous_id == expected_previous, (
+            f"{name} extends {summary.previous_id}, not v{summary.version - 1}"
+        )
+        assert summary.prompt_version, f"{name} has no prompt_version"
+        assert _SHA256.fullmatch(summary.prompt_sha256 or ""), (
+            f"{name}: prompt_sha256 {summary.prompt_sha256!r} is not 64 hex digits"
+        )
+        assert summary.model, f"{name} has no model"
+        assert summary.from_seq <= summary.to_seq, (
+            f"{name} covers {summary.from_seq}..{summary.to_seq}"
+        )
+        assert summary.text and summary.text.strip(), f"{name} is blank"
+    active = [summary for summary in summaries if summary.active]
+    assert len(active) == (1 if state.archived else 0), (
+        f"{label}: {len(active)} active summaries with {len(state.archived)} archived rows"
+    )
+    if active:
+        assert active[0] is summaries[-1], (
+            f"{label}: the active summary is v{active[0].version}, "
+            f"not the newest v{summaries[-1].version}"
+        )
+        state.active_summary = active[0]
+    found = state.context.summary
+    assert (found and found.pk) == (active[0].pk if active else None), (
+        f"{label}: context_get found summary {found and found.pk}, not the active one"
+    )
+
+
+def _check_archived_ranges(state: _State) -> None:
+    """(e) Archived rows form version-ordered contiguous runs, all older than every active
+    row; each summary covers (cumulatively) exactly the span of its and its predecessors'
+    rows, and archived at least one."""
+    label = state.label
+    by_id = {summary.pk: summary for summary in state.summaries}
+    for row in state.archived:
+        assert row.summary_id in by_id, (
+            f"{label}: seq {row.seq} is archived under a summary of another conversation"
+        )
+    body = sorted([*state.archived, *state.active], key=lambda row: row.seq)
+    labels = [(row.seq, by_id[row.summary_id].version if row.summary_id else None) for row in body]
+    versions = [version for _, version in labels if version is not None]
+    assert [version for _, version in labels] == [*versions, *[None] * len(state.active)], (
+        f"{label}: an archived message is newer than an active one (seq, version): {labels}"
+    )
+    assert versions == sorted(versions), (
+        f"{label}: archived runs are not in version order (seq, version): {labels}"
+    )
+    covered: list[int] = []
+    for summary in state.summaries:
+        own = [row.seq for row in state.archived if row.summary_id == summary.pk]
+        assert own, f"{label}: summary v{summary.version} archived no message"
+        covered.extend(own)
+        assert (summary.from_seq, summary.to_seq) == (min(covered), max(covered)), (
+            f"{label}: summary v{summary.version} says it covers "
+            f"{summary.from_seq}..{summary.to_seq}; it and its predecessors archived "
+            f"{min(covered)}..{max(covered)}"
+        )
+
+
+def _tail_start(state: _State) -> int:
+    return int(state.leading is not None) + int(state.active_summary is not None)
+
+
+def _check_context_shape(state: _State) -> None:
+    """(a) leading message first, (b) then the one summary message, (c) then every active
+    non-leading row verbatim, in seq order: nothing else."""
+    label, messages = state.label, state.context.messages
+    expected = [
+        *([state.leading.as_openai()] if state.leading else []),
+        *([summary_message(state.active_summary)] if state.active_summary else []),
+        *[row.as_openai() for row in state.active],
+    ]
+    assert len(messages) == len(expected), (
+        f"{label}: the context has {len(messages)} messages, expected {len(expected)} "
+        f"(leading {int(state.leading is not None)}, "
+        f"summary {int(state.active_summary is not None)}, active {len(state.active)})"
+    )
+    if state.leading is not None:
+        assert messages[0] == expected[0], (
+            f"{label}: the context starts with {messages[0]!r}, not the leading message "
+            f"{expected[0]!r}"
+        )
+    if state.active_summary is not None:
+        position = int(state.leading is not None)
+        summary = messages[position]
+        content = summary.get("content")
+        assert summary.get("role") == "user" and isinstance(content, str), (
+            f"{label}: context[{position}] should be the summary as a user message: {summary!r}"
+        )
+        assert content.startswith(ctxsum_settings.SUMMARY_PREFIX), (
+            f"{label}: the summary message does not start with the prefix: {content[:80]!r}"
+        )
+        assert summary == expected[position], (
+            f"{label}: context[{position}] is {summary!r}, not the active summary"
+        )
+    # Nothing else can be a summary: everything after it is an active row, checked here.
+    start = _tail_start(state)
+    for index, (got, want) in enumerate(zip(messages, expected, strict=True)):
+        if index >= start:
+            assert got == want, (
+                f"{label}: context[{index}] is {got!r}, the active row there is {want!r}"
+            )
+
+
+def _check_originals(state: _State, originals: list[dict[str, Any]]) -> None:
+    """(c) With the appended messages: the transcript is them, and the context's tail is the
+    newest of them (by seq when a system message was replaced after seq 0)."""
+    label = state.label
+    assert len(state.rows) == len(originals), (
+        f"{label}: {len(state.rows)} messages stored, {len(originals)} appended"
+    )
+    for row, sent in zip(state.rows, originals, strict=True):
+        stored = row.as_openai()
+        assert stored == sent, f"{label}: seq {row.seq} stored as {stored!r}, sent {sent!r}"
+    tail = state.context.messages[_tail_start(state) :]
+    count = len(state.active)
+    if state.leading is None or state.leading.seq == 0:
+        newest = originals[len(originals) - count :] if count else []
+    else:
+        newest = [originals[row.seq] for row in state.active]
+    assert tail == newest, f"{label}: the context's tail is not the newest {count} messages"
+
+
+def _check_tool_results(state: _State) -> None:
+    """(d) Every tool result in the context follows a request for it in the context."""
+    requested: set[str] = set()
+    for index, message in enumerate(state.context.messages):
+        if message.get("role") == "assistant":
+            requested.update(call["id"] for call in message.get("tool_calls") or ())
+        elif message.get("role") == "tool":
+            assert message.get("tool_call_id") in requested, (
+                f"{state.label}: context[{index}] is a result for "
+                f"{message.get('tool_call_id')!r} with no earlier request in the context"
+            )
+
+
+def _check_counters(state: _State) -> None:
+    """(e) active_message_count and active_tokens (the active summary's included) are the
+    sums over the rows; context_get counts the same."""
+    label, conversation = state.label, state.conversation
+    in_context = [*([state.leading] if state.leading else []), *state.active]
+    assert conversation.active_message_count == len(in_context), (
+        f"{label}: active_message_count {conversation.active_message_count}, "
+        f"but {len(in_context)} messages are active"
+    )
+    summary_tokens = state.active_summary.token_count if state.active_summary else 0
+    expected_tokens = sum(row.token_count for row in in_context) + summary_tokens
+    assert conversation.active_tokens == expected_tokens, (
+        f"{label}: active_tokens {conversation.active_tokens}, the rows and the active "
+        f"summary add up to {expected_tokens}"
+    )
+    assert sum(state.context.tokens) == expected_tokens, (
+        f"{label}: context_get counts {sum(state.context.tokens)} tokens, the rows "
+        f"{expected_tokens}"
+    )
+    by_query = Message.objects.filter(conversation=conversation).active().count()
+    assert by_query == len(in_context), (
+        f"{label}: {by_query} rows are active by query, {len(in_context)} by inspection"
+    )

@@ -1,0 +1,293 @@
+"""Compaction against concurrent workers, on PostgreSQL row locks.
+
+Each worker is a thread with its own database connection (closed when it ends), the way
+separate processes share one database. The summarizer is the real OpenAI backend talking to
+a local fake server whose "slow" mode keeps a call in flight long enough to act meanwhile.
+
+- a slow summary never blocks an append, and what was appended meanwhile stays active;
+- concurrent compactions of one conversation write exactly one summary;
+- a stale lease is taken over, a fresh one turns a compaction away without an LLM call;
+- a snapshot that changed during the LLM call is a conflict: nothing written, nothing lost.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from ctxsum.models import CompactionAttempt, Conversation, Summary
+from ctxsum.policy import Reason
+from ctxsum.selectors import context_get, summary_message
+from ctxsum.services.compaction import conversation_compact
+from ctxsum.services.conversations import conversation_create
+from ctxsum.services.messages import message_append
+from tests.invariants import assert_context_invariants
+from tests.openai_server import FakeOpenAI
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="needs PostgreSQL row locks; set DATABASE_URL",
+    ),
+    pytest.mark.django_db(transaction=True),
+]
+
+DELAY = 2.5  # seconds the slow summarizer call stays in flight
+LEASE_SECONDS = 30
+SYSTEM = {"role": "system", "content": "You are a travel agent."}
+HISTORY = [
+    {"role": "user", "content": "I need a flight to Delhi on October 20."},
+    {"role": "assistant", "content": "Morning or evening?"},
+    {"role": "user", "content": "Morning, window seat, budget 400 EUR."},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "search_flights", "arguments": '{"to": "DEL"}'},
+            },
+            {
+                "id": "call_2",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Delhi"}'},
+            },
+        ],
+    },
+    {"role": "tool", "content": "AI-101 at 07:10, 340 EUR.", "tool_call_id": "call_1"},
+    {"role": "tool", "content": "Delhi: 31 C, sunny.", "tool_call_id": "call_2"},
+    {"role": "assistant", "content": "AI-101 leaves at 07:10 for 340 EUR. Book it?"},
+    {"role": "user", "content": "Yes, book AI-101."},
+]
+ORIGINAL = [SYSTEM, *HISTORY]  # system + 8 messages: over a trigger of 6
+
+
+class Worker(threading.Thread):
+    """Runs ``work`` on its own connection; ``outcome()`` joins and returns or re-raises."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.work = work
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.work()
+        except BaseException as error:
+            self.error = error
+        finally:
+            self.finished_at = time.monotonic()
+            connection.close()
+
+    def outcome(self, timeout: float = 30) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), "the worker did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@pytest.fixture
+def fake(settings, monkeypatch):
+    # A proxy from the environment must not capture requests to the local server.
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    server = FakeOpenAI(mode="slow", delay=DELAY)
+    settings.CTXSUM = {
+        **getattr(settings, "CTXSUM", {}),
+        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
+        "SUMMARIZER_OPTIONS": {"base_url": server.base_url, "api_key": "test"},
+        "SUMMARY_TIMEOUT": 20,
+        "LEASE_SECONDS": LEASE_SECONDS,
+    }
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def conversation(user):
+    return conversation_create(
+        owner=user,
+        system=SYSTEM["content"],
+        messages=HISTORY,
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
+
+
+def compact_in_thread(conversation: Conversation, **kwargs: Any) -> Worker:
+    pk = conversation.pk
+
+    def work():
+        return conversation_compact(conversation=Conversation.objects.get(pk=pk), **kwargs)
+
+    worker = Worker(work)
+    worker.start()
+    return worker
+
+
+def attempts(conversation: Conversation) -> list[tuple[str, str]]:
+    rows = CompactionAttempt.objects.filter(conversation=conversation).order_by("pk")
+    return sorted(rows.values_list("outcome", "reason"))
+
+
+def test_appends_do_not_wait_for_a_slow_summary(conversation, fake):
+    worker = compact_in_thread(conversation)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+
+    appended = [
+        {"role": "user", "content": f"While you summarize: note {index}, gate B{index}."}
+        for index in range(5)
+    ]
+    timings = []
+    for message in appended:
+        started = time.monotonic()
+        message_append(conversation=conversation, messages=[message])
+        timings.append(time.monotonic() - started)
+    # A lock wait would cost the summarizer's whole delay; 1.5 s is far below it.
+    assert sum(timings) < 1.5, f"appends waited for the summary: {timings}"
+    assert fake.in_flight == 1, "the summary finished before the appends: nothing was shown"
+    assert worker.is_alive()
+
+    result = worker.outcome()
+    assert result.compacted, result.reason
+    assert result.reason == Reason.COMPACTED
+    assert len(fake.requests) == 1
+    history = fake.requests[0]["body"]["messages"][-1]["content"]
+    assert "While you summarize" not in history  # appended after the snapshot
+
+    summary = Summary.objects.get(conversation=conversation)
+    first_new = len(ORIGINAL)
+    assert summary.to_seq < first_new
+    new_rows = conversation.messages.filter(seq__gte=first_new).order_by("seq")
+    assert [row.as_openai() for row in new_rows] == appended
+    assert all(row.summary_id is None for row in new_rows), "an appended message was archived"
+    context = context_get(conversation=conversation).messages
+    assert context[-len(appended) :] == appended
+    assert context[0] == SYSTEM
+    assert context[1] == summary_message(summary)
+    assert_context_invariants(conversation, original_messages=[*ORIGINAL, *appended])
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "" and conversation.leased_at is None
+
+
+def test_concurrent_compactions_write_one_summary(conversation, fake):
+    fake.delay = 1.5
+    workers_count = 4
+    barrier = threading.Barrier(workers_count)
+    pk = conversation.pk
+
+    def work():
+        barrier.wait(timeout=10)
+        return conversation_compact(conversation=Conversation.objects.get(pk=pk))
+
+    workers = [Worker(work) for _ in range(workers_count)]
+    for worker in workers:
+        worker.start()
+    results = [worker.outcome() for worker in workers]
+
+    reasons = sorted(str(result.reason) for result in results)
+    assert reasons.count(Reason.COMPACTED) == 1, reasons
+    losers = [result for result in results if not result.compacted]
+    assert all(r.reason in (Reason.IN_PROGRESS, Reason.CONFLICT) for r in losers), reasons
+    in_progress = [r for r in losers if r.reason == Reason.IN_PROGRESS]
+    # A worker turned away by the lease never calls the summarizer.
+    assert len(fake.requests) == workers_count - len(in_progress)
+    assert Summary.objects.filter(conversation=conversation).count() == 1
+    winner = next(result for result in results if result.compacted)
+    assert winner.summary.version == 1
+
+    recorded = attempts(conversation)
+    assert recorded.count(("compacted", "compacted")) == 1
+    assert recorded.count(("skipped", "in_progress")) == len(in_progress)
+    assert recorded.count(("conflict", "conflict")) == len(losers) - len(in_progress)
+    assert_context_invariants(conversation, original_messages=ORIGINAL)
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "" and conversation.leased_at is None
+
+
+def test_a_fresh_lease_turns_compaction_away_and_a_stale_one_is_taken_over(conversation, fake):
+    fake.mode = "ok"
+    leases = Conversation.objects.filter(pk=conversation.pk)
+
+    # Another worker holds a fresh lease: in_progress at once, no LLM call, nothing written.
+    leases.update(lease_owner="busy-worker", leased_at=timezone.now() - timedelta(seconds=5))
+    started = time.monotonic()
+    result = conversation_compact(conversation=conversation)
+    assert time.monotonic() - started < 1.0
+    assert result.reason == Reason.IN_PROGRESS and not result.compacted
+    assert fake.requests == []
+    assert Summary.objects.filter(conversation=conversation).count() == 0
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "busy-worker", "someone else's fresh lease was touched"
+    assert attempts(conversation) == [("skipped", "in_progress")]
+    assert_context_invariants(conversation, original_messages=ORIGINAL)
+
+    # The lease is older than LEASE_SECONDS: its worker is gone, the lease is taken over.
+    stale = timezone.now() - timedelta(seconds=LEASE_SECONDS + 5)
+    leases.update(lease_owner="crashed-worker", leased_at=stale)
+    result = conversation_compact(conversation=conversation)
+    assert result.compacted, result.reason
+    assert len(fake.requests) == 1
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "" and conversation.leased_at is None
+    assert attempts(conversation) == [("compacted", "compacted"), ("skipped", "in_progress")]
+    assert_context_invariants(conversation, original_messages=ORIGINAL)
+
+
+@pytest.mark.parametrize("first_lease", ["taken_over", "given_back"])
+def test_a_snapshot_changed_during_the_call_is_a_conflict(conversation, fake, first_lease):
+    """The first worker's lease looks abandoned while its call is in flight; a second worker
+    takes it over and commits first. The first must then write nothing.
+
+    ``taken_over``: the first worker finds its lease gone. ``given_back``: its lease is put
+    back before it commits, so only the active-summary comparison can catch the change.
+    """
+    first = compact_in_thread(conversation)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    conversation.refresh_from_db()
+    first_token = conversation.lease_owner
+    assert first_token, "the first worker holds no lease during its call"
+    fake.mode = "ok"  # the next call answers at once; the first one is still sleeping
+
+    meanwhile = {"role": "user", "content": "Also add travel insurance, policy TI-77."}
+    message_append(conversation=conversation, messages=[meanwhile])
+    stale = timezone.now() - timedelta(seconds=LEASE_SECONDS + 60)
+    Conversation.objects.filter(pk=conversation.pk).update(leased_at=stale)
+
+    second = conversation_compact(conversation=conversation)
+    assert second.compacted, second.reason
+    assert fake.in_flight == 1, "the first call ended before the second commit"
+    if first_lease == "given_back":
+        Conversation.objects.filter(pk=conversation.pk).update(
+            lease_owner=first_token, leased_at=timezone.now()
+        )
+
+    result = first.outcome()
+    assert not result.compacted
+    assert result.reason == Reason.CONFLICT
+    assert result.summary is None
+    assert len(fake.requests) == 2
+
+    summaries = list(Summary.objects.filter(conversation=conversation))
+    assert [summary.pk for summary in summaries] == [second.summary.pk]
+    assert summaries[0].version == 1 and summaries[0].active
+    assert attempts(conversation) == [("compacted", "compacted"), ("conflict", "conflict")]
+    conflict = CompactionAttempt.objects.get(conversation=conversation, outcome="conflict")
+    assert conflict.summary_id is None and conflict.messages_archived == 0
+    assert_context_invariants(conversation, original_messages=[*ORIGINAL, meanwhile])
+    assert context_get(conversation=conversation).messages[-1] == meanwhile
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "" and conversation.leased_at is None

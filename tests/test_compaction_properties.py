@@ -1,0 +1,385 @@
+"""Properties of compaction over random conversations, checked against the database.
+
+Random conversations (an optional leading system or developer message, user and assistant
+turns, assistant messages with 1-5 parallel tool calls followed by their results, call ids
+reused across messages, assistant content null beside tool calls) are appended in random
+batches under every kind of policy, with a compaction attempted after every append (some
+forced, some dry runs). After every step the invariants of tests/invariants.py hold. A
+summarizer that fails, in any way, leaves the conversation exactly as it was.
+
+Rows of earlier examples stay in the test transaction: every example makes its own user and
+conversation and every assertion is scoped to that conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from typing import Any, ClassVar
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.test import override_settings
+from hypothesis import HealthCheck, assume, event, given, target
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from ctxsum.exceptions import SummarizerError
+from ctxsum.models import CompactionAttempt, Conversation, Summary
+from ctxsum.policy import Reason
+from ctxsum.selectors import context_get, transcript_list
+from ctxsum.services.compaction import conversation_compact
+from ctxsum.services.conversations import conversation_create, conversation_update
+from ctxsum.services.messages import message_append
+from ctxsum.summarizers.offline import OfflineSummarizer
+from ctxsum.validation import TOOL_CALL_ID_ARCHIVED
+from tests.invariants import assert_context_invariants
+from tests.openai_server import FakeOpenAI
+
+OFFLINE = "ctxsum.summarizers.offline.OfflineSummarizer"
+OPENAI = "ctxsum.summarizers.openai.OpenAISummarizer"
+PROMPT_TOKENS = 213  # the default prompt's length: a budget below it + 256 is refused
+
+PROPERTY_SETTINGS = hypothesis_settings(
+    deadline=None,
+    max_examples=80,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+WORDS_TEXT = (
+    "the flight to Delhi on October 20 costs 340 EUR and we agreed to book it "
+    "please check weather in Mumbai tomorrow morning user wants a window seat budget "
+    "is tight the hotel near MG Road has 4 stars order #A-1142 shipped yesterday "
+    "call me at 10:30 refund pending ok thanks sounds good maybe later"
+)
+WORDS = tuple(WORDS_TEXT.split())
+CALL_IDS = tuple(f"call_{index}" for index in range(7))
+TOOLS = ("get_weather", "search_flights", "book_hotel", "lookup_order")
+
+
+def _text(words: list[str]) -> str:
+    return " ".join(words).capitalize() + "."
+
+
+texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=40).map(_text)
+
+
+@st.composite
+def conversations(draw: st.DrawFn, min_turns: int = 1, max_turns: int = 12) -> list[dict]:
+    """A valid message list in the normalized form the API stores and returns."""
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        role = draw(st.sampled_from(["system", "system", "developer"]))
+        messages.append({"role": role, "content": draw(texts)})
+    for _ in range(draw(st.integers(min_turns, max_turns))):
+        kind = draw(st.sampled_from(["user", "user", "assistant", "tools", "tools", "note"]))
+        if kind == "user":
+            messages.append({"role": "user", "content": draw(texts)})
+        elif kind == "assistant":
+            messages.append({"role": "assistant", "content": draw(texts)})
+        elif kind == "note":  # a system/developer message inside the history: summarizable
+            role = draw(st.sampled_from(["system", "developer", "user"]))
+            messages.append({"role": role, "content": draw(texts)})
+        else:
+            ids = draw(st.lists(st.sampled_from(CALL_IDS), min_size=1, max_size=5, unique=True))
+            calls = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {
+                        "name": draw(st.sampled_from(TOOLS)),
+                        "arguments": json.dumps({"q": draw(st.sampled_from(WORDS))}),
+                    },
+                }
+                for call_id in ids
+            ]
+            content = draw(st.one_of(st.none(), texts))
+            messages.append({"role": "assistant", "content": content, "tool_calls": calls})
+            for call_id in draw(st.permutations(ids)):
+                messages.append({"role": "tool", "content": draw(texts), "tool_call_id": call_id})
+    return messages
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> tuple[dict[str, int], dict[str, int]]:
+    """A valid (trigger, keep): keep below the trigger whenever they share a unit."""
+    trigger: dict[str, int] = {}
+    units = draw(st.sampled_from([("messages",), ("tokens",), ("messages", "tokens")]))
+    if "messages" in units:
+        trigger["messages"] = draw(st.integers(2, 14))
+    if "tokens" in units:
+        trigger["tokens"] = draw(st.integers(40, 600))
+    unit = draw(st.sampled_from(["messages", "tokens"]))
+    ceiling = trigger[unit] - 1 if unit in trigger else {"messages": 8, "tokens": 300}[unit]
+    return trigger, {unit: draw(st.integers(1, ceiling))}
+
+
+def _ctxsum(**overrides: Any) -> dict[str, Any]:
+    return {**getattr(settings, "CTXSUM", {}), **overrides}
+
+
+def _new_conversation(trigger: dict[str, int], keep: dict[str, int]) -> Conversation:
+    owner = get_user_model().objects.create(username=f"prop-{uuid.uuid4().hex}")
+    return conversation_create(owner=owner, trigger=trigger, keep=keep)
+
+
+def _snapshot(conversation: Conversation) -> dict[str, Any]:
+    """Everything a compaction could change, compaction attempts excepted."""
+    return {
+        "conversation": Conversation.objects.filter(pk=conversation.pk).values().get(),
+        "transcript": [
+            (row.seq, row.as_openai(), row.summary_id, row.replaced_at, row.token_count)
+            for row in transcript_list(conversation=conversation)
+        ],
+        "context": context_get(conversation=conversation).messages,
+        "summaries": list(
+            Summary.objects.filter(conversation=conversation).order_by("version").values()
+        ),
+    }
+
+
+def _active_tail(conversation: Conversation) -> list:
+    return list(conversation.messages.active().filter(is_leading=False).order_by("seq"))
+
+
+def _assert_unchanged(conversation: Conversation, before: dict[str, Any], why: str) -> None:
+    after = _snapshot(conversation)
+    for key, value in before.items():
+        assert after[key] == value, f"{why} changed the {key}"
+
+
+@pytest.mark.django_db
+@PROPERTY_SETTINGS
+@given(
+    messages=conversations(min_turns=3),
+    policy=policies(),
+    summary_budget=st.sampled_from([(1024, 24000), (60, PROMPT_TOKENS + 60 + 300)]),
+    data=st.data(),
+)
+def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data):
+    trigger, keep = policy
+    max_tokens, input_budget = summary_budget
+    config = _ctxsum(
+        SUMMARIZER=OFFLINE, SUMMARY_MAX_TOKENS=max_tokens, SUMMARY_INPUT_BUDGET=input_budget
+    )
+    with override_settings(CTXSUM=config):
+        conversation = _new_conversation(trigger, keep)
+        appended: list[dict[str, Any]] = []
+        sent = compactions = 0
+        while sent < len(messages):
+            size = data.draw(st.integers(1, 4), label="batch size")
+            batch = messages[sent : sent + size]
+            sent += len(batch)
+            message_append(conversation=conversation, messages=batch)
+            appended.extend(batch)
+            assert_context_invariants(conversation, original_messages=appended)
+
+            if data.draw(st.integers(0, 19), label="replace system prompt") == 0:
+                # PATCH {"system": ...}: the old leading message stays in the transcript.
+                count = conversation.message_count
+                system = data.draw(texts, label="new system prompt")
+                conversation = conversation_update(conversation=conversation, system=system)
+                if conversation.message_count > count:
+                    appended.append({"role": "system", "content": system})
+                assert_context_invariants(conversation, original_messages=appended)
+
+            mode = data.draw(st.sampled_from(["auto"] * 6 + ["force"] * 2 + ["dry_run"]))
+            before = Summary.objects.filter(conversation=conversation).count()
+            snapshot = _snapshot(conversation) if mode == "dry_run" else None
+            result = conversation_compact(
+                conversation=conversation, force=mode == "force", dry_run=mode == "dry_run"
+            )
+            event(f"{mode}: {result.reason}")
+            assert_context_invariants(conversation, original_messages=appended)
+            conversation.refresh_from_db()
+            assert conversation.lease_owner == "" and conversation.leased_at is None
+
+            if mode == "dry_run":
+                assert not result.compacted
+                _assert_unchanged(conversation, snapshot, "a dry run")
+                continue
+            summaries = Summary.objects.filter(conversation=conversation)
+            if not result.compacted:
+                allowed = {Reason.NOTHING_TO_SUMMARIZE, Reason.KEPT_TAIL_OVER_TRIGGER}
+                if mode == "auto":
+                    allowed.add(Reason.BELOW_TRIGGER)
+                assert result.reason in allowed
+                assert summaries.count() == before
+                continue
+
+            compactions += 1
+            # A compaction: one new active summary, at least one message archived, the
+            # newest message kept verbatim, and no more archived than retention allows.
+            assert result.reason == Reason.COMPACTED
+            assert summaries.count() == before + 1
+            assert result.summary is not None and result.summary.version == before + 1
+            assert result.summary.active
+            assert result.archived
+            assert all(row.summary_id is None for row in result.archived)  # snapshot rows
+            assert {row.seq for row in result.archived} == set(
+                summaries.get(version=before + 1).messages.values_list("seq", flat=True)
+            )
+            tail = _active_tail(conversation)
+            assert tail and tail[-1].as_openai() == batch[-1]
+            assert context_get(conversation=conversation).messages[-1] == batch[-1]
+            if "messages" in keep:
+                assert len(tail) >= keep["messages"]
+            else:  # the newest archived message would not have fitted in the budget
+                kept = sum(row.token_count for row in tail)
+                assert kept + result.archived[-1].token_count > keep["tokens"]
+            attempt = result.attempt
+            assert attempt is not None
+            assert attempt.outcome == CompactionAttempt.Outcome.COMPACTED
+            assert attempt.messages_archived == len(result.archived)
+        target(float(compactions), label="compactions")
+
+
+# --- a failing summarizer changes nothing -------------------------------------------------
+
+
+class ChunkFailingSummarizer(OfflineSummarizer):
+    """Offline summaries for the first calls, then a failure: a chunked summary that breaks
+    half-way. Options: ``fail_on`` (1-based call number), ``crash`` (raise RuntimeError, a
+    backend bug, instead of SummarizerError)."""
+
+    calls: ClassVar[int] = 0
+
+    def summarize(self, *, prompt: str, history: str) -> str:
+        type(self).calls += 1
+        if type(self).calls >= self.options.get("fail_on", 1):
+            if self.options.get("crash"):
+                raise RuntimeError("backend bug")
+            raise SummarizerError("The summarizer failed half-way.")
+        return super().summarize(prompt=prompt, history=history)
+
+
+CHUNK_FAILING = f"{__name__}.ChunkFailingSummarizer"
+FAILURES = (
+    "closed_port",
+    "error",
+    "blank",
+    "null",
+    "malformed",
+    "text",
+    "no_choices",
+    "timeout",
+    "later_chunk",
+    "crash",
+)
+
+
+@pytest.fixture(scope="module")
+def failing_server():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        server = FakeOpenAI()
+        try:
+            yield server
+        finally:
+            server.close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _failing_config(failure: str, server: FakeOpenAI) -> dict[str, Any]:
+    """CTXSUM for one failure; sets the server's mode."""
+    small = {"SUMMARY_MAX_TOKENS": 60, "SUMMARY_INPUT_BUDGET": PROMPT_TOKENS + 60 + 260}
+    if failure in ("later_chunk", "crash"):
+        ChunkFailingSummarizer.calls = 0
+        options = {"fail_on": 2} if failure == "later_chunk" else {"crash": True}
+        return _ctxsum(SUMMARIZER=CHUNK_FAILING, SUMMARIZER_OPTIONS=options, **small)
+    server.reset()
+    base_url = server.base_url
+    timeout = 5
+    if failure == "closed_port":
+        base_url = f"http://127.0.0.1:{_closed_port()}/v1"
+    elif failure == "timeout":
+        server.mode, server.delay, timeout = "slow", 1.0, 0.2
+    else:
+        server.mode = failure
+    return _ctxsum(
+        SUMMARIZER=OPENAI,
+        SUMMARIZER_OPTIONS={"base_url": base_url, "api_key": "test"},
+        SUMMARY_TIMEOUT=timeout,
+    )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("failure", FAILURES)
+@hypothesis_settings(PROPERTY_SETTINGS, max_examples=6)
+@given(messages=conversations(min_turns=4), policy=policies(), split=st.floats(0, 1))
+def test_a_failing_summarizer_changes_nothing(failing_server, failure, messages, policy, split):
+    trigger, keep = policy
+    # Some history first, compacted by the offline summarizer so a summary may exist.
+    head = max(1, int(len(messages) * split))
+    with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE)):
+        conversation = _new_conversation(trigger, keep)
+        message_append(conversation=conversation, messages=messages[:head])
+        conversation_compact(conversation=conversation, force=True)
+        if head < len(messages):
+            message_append(conversation=conversation, messages=messages[head:])
+        plan = conversation_compact(conversation=conversation, force=True, dry_run=True)
+    assume(plan.reason == Reason.DRY_RUN)  # there is something to summarize
+
+    before = _snapshot(conversation)
+    attempts = CompactionAttempt.objects.filter(conversation=conversation)
+    attempts_before = attempts.count()
+    with override_settings(CTXSUM=_failing_config(failure, failing_server)):
+        raised: BaseException | None = None
+        try:
+            result = conversation_compact(conversation=conversation, force=True)
+        except (SummarizerError, RuntimeError) as error:
+            raised = error
+    if failure == "later_chunk" and raised is None:
+        # The history fitted in one call, so the failure never came: a normal compaction.
+        event("later_chunk: one chunk only")
+        assert result.compacted
+        assert_context_invariants(conversation, original_messages=messages)
+        return
+
+    expected = RuntimeError if failure == "crash" else SummarizerError
+    assert type(raised) is expected, f"{failure}: raised {raised!r}"
+    _assert_unchanged(conversation, before, f"a failed compaction ({failure})")
+    assert_context_invariants(conversation, original_messages=messages)
+    assert attempts.count() == attempts_before + 1
+    attempt = attempts.order_by("-created_at", "-pk").first()
+    assert attempt.outcome == CompactionAttempt.Outcome.FAILED
+    assert attempt.summary_id is None
+    assert attempt.error
+    if failure not in ("closed_port", "later_chunk", "crash"):
+        assert len(failing_server.requests) == 1  # one attempt, no retry
+
+
+# --- found while writing these properties -------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_late_result_for_an_archived_request_never_orphans_the_context():
+    """A user message between a tool request and its result lets a compaction archive the
+    request (the newest message, the user's, is what is kept). The late result must then be
+    refused: the context keeps no tool result without its request."""
+    call = {"id": "c1", "type": "function", "function": {"name": "book", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Book the 07:10 flight to Delhi."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "content": "Hurry up, please."},
+    ]
+    late = {"role": "tool", "content": "Booked AI-101.", "tool_call_id": "c1"}
+    with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE)):
+        conversation = _new_conversation({"messages": 3}, {"messages": 1})
+        message_append(conversation=conversation, messages=messages)
+        result = conversation_compact(conversation=conversation)
+        assert result.compacted and [row.seq for row in result.archived] == [0, 1]
+        with pytest.raises(ValidationError) as refused:
+            message_append(conversation=conversation, messages=[late])
+        assert refused.value.message_dict == {
+            "messages[0].tool_call_id": [TOOL_CALL_ID_ARCHIVED.format(id="c1")]
+        }
+        assert_context_invariants(conversation, original_messages=messages)
