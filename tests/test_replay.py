@@ -1,0 +1,310 @@
+"""Replay a deterministic subset of the real conversations (../shared/data) through the
+benchmark's own replay code (bench/replay.py): one message appended at a time, a compaction
+attempted after every append, the shared invariants (tests/invariants.py) checked after every
+step, and each compaction's summary metadata checked by the replay and again here.
+
+The full replay with ``--check`` is ``python bench/replay.py --check`` (what CI runs).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import gzip
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.invariants import assert_context_invariants
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REPLAY_PATH = REPO_ROOT / "bench" / "replay.py"
+
+
+def _load_replay() -> Any:
+    spec = importlib.util.spec_from_file_location("ctxsum_bench_replay", REPLAY_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+replay = _load_replay()
+AGENTS, CHATS = replay.DATA_FILES
+DATA_MISSING = not all((replay.DATA_DIR / name).is_file() for name in replay.DATA_FILES)
+
+pytestmark = pytest.mark.skipif(
+    DATA_MISSING, reason=f"the real conversations are not there: {replay.DATA_DIR}"
+)
+
+
+# --------------------------------------------------------------------------- the subset
+
+
+@functools.cache
+def records(name: str) -> tuple[dict[str, Any], ...]:
+    return tuple(record for _, record in replay.iter_records(replay.DATA_DIR, [name]))
+
+
+def tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [call for message in messages for call in message.get("tool_calls") or ()]
+
+
+def most_parallel(messages: Sequence[Mapping[str, Any]]) -> int:
+    return max((len(message.get("tool_calls") or ()) for message in messages), default=0)
+
+
+def unanswered_calls(messages: Sequence[Mapping[str, Any]]) -> set[tuple[int, str]]:
+    """(message index, call id) of the requests no tool result answers; a result belongs to
+    the nearest earlier request with its id."""
+    requested_at: dict[str, tuple[int, str]] = {}
+    requests, answered = set(), set()
+    for index, message in enumerate(messages):
+        for call in message.get("tool_calls") or ():
+            requested_at[call["id"]] = (index, call["id"])
+            requests.add((index, call["id"]))
+        if message["role"] == "tool":
+            answered.add(requested_at[message["tool_call_id"]])
+    return requests - answered
+
+
+def reuses_ids(messages: Sequence[Mapping[str, Any]]) -> bool:
+    counts = collections.Counter(call["id"] for call in tool_calls(messages))
+    return any(count > 1 for count in counts.values())
+
+
+def looping_run() -> dict[str, Any]:
+    return max(records(AGENTS), key=lambda record: len(record["messages"]))
+
+
+def parallel_runs() -> list[dict[str, Any]]:
+    """The run with the most tool calls in one message (20), and the 9 shortest runs with
+    7 or more in one message."""
+    runs = [record for record in records(AGENTS) if most_parallel(record["messages"]) >= 7]
+    widest = max(runs, key=lambda record: most_parallel(record["messages"]))
+    rest = [record for record in runs if record is not widest]
+    return [widest, *sorted(rest, key=lambda record: (len(record["messages"]), record["id"]))[:9]]
+
+
+def unanswered_runs() -> list[dict[str, Any]]:
+    return [record for record in records(AGENTS) if unanswered_calls(record["messages"])]
+
+
+def reused_id_runs() -> list[dict[str, Any]]:
+    """The 10 shortest runs that reuse a tool-call id (the long ones: see the looping run)."""
+    runs = [record for record in records(AGENTS) if reuses_ids(record["messages"])]
+    return sorted(runs, key=lambda record: (len(record["messages"]), record["id"]))[:10]
+
+
+def long_chats() -> list[dict[str, Any]]:
+    """10 dialogues spread evenly over the file (the file is sorted longest first)."""
+    chats = records(CHATS)
+    return [chats[index * len(chats) // 10] for index in range(10)]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def replay_all(subset: Sequence[Mapping[str, Any]], owner: Any) -> Any:
+    """Replay ``subset`` with the invariants after every step; check each conversation's
+    summaries; return the stats."""
+    stats = replay.ReplayStats()
+    for record in subset:
+        before = stats.compactions
+        conversation = replay.replay_conversation(
+            record, owner=owner, stats=stats, checker=assert_context_invariants
+        )
+        assert_summaries(conversation, compactions=stats.compactions - before)
+    assert stats.conversations == len(subset)
+    assert stats.messages == sum(len(record["messages"]) for record in subset)
+    # Archiving is one bulk UPDATE, and the number of queries does not depend on how many
+    # messages a compaction archives (the first compaction has no previous summary to
+    # deactivate: one query fewer).
+    assert set(stats.compaction_message_updates) <= {1}
+    if stats.compaction_queries:
+        assert max(stats.compaction_queries) - min(stats.compaction_queries) <= 1
+        for values in stats.queries_by_first.values():
+            assert len(values) == 1, stats.queries_by_first
+    return stats
+
+
+def assert_summaries(conversation: Any, *, compactions: int) -> None:
+    """Summaries 1..k, one per compaction, each naming the prompt in use (version and
+    SHA-256), the summarizer's model, a cumulative range and its predecessor."""
+    from ctxsum.conf import ctxsum_settings
+    from ctxsum.models import Summary
+    from ctxsum.summarizers import get_summarizer
+
+    summaries = list(Summary.objects.filter(conversation=conversation).order_by("version"))
+    assert [summary.version for summary in summaries] == list(range(1, compactions + 1))
+    prompt_hash = hashlib.sha256(ctxsum_settings.PROMPT.encode()).hexdigest()
+    for index, summary in enumerate(summaries):
+        previous = summaries[index - 1] if index else None
+        assert summary.prompt_version == ctxsum_settings.PROMPT_VERSION
+        assert summary.prompt_sha256 == prompt_hash
+        assert summary.model and summary.model == get_summarizer().model
+        assert summary.previous_id == (previous.pk if previous else None)
+        assert summary.from_seq <= summary.to_seq
+        if previous is not None:
+            assert summary.from_seq == previous.from_seq
+            assert summary.to_seq > previous.to_seq
+            assert not previous.active
+        assert summary.active == (summary is summaries[-1])
+
+
+@pytest.fixture
+def offline(settings):
+    """The replay's summarizer whatever the environment says."""
+    settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": replay.OFFLINE_SUMMARIZER}
+
+
+# --------------------------------------------------------------------------- replays
+
+
+@pytest.mark.django_db
+def test_looping_run(user, offline):
+    record = looping_run()
+    names = collections.Counter(call["function"]["name"] for call in tool_calls(record["messages"]))
+    assert len(record["messages"]) == 209 and max(names.values()) >= 80
+    stats = replay_all([record], user)
+    assert stats.compactions >= 40
+    # At the end the context is a small fraction of the 209 messages.
+    assert stats.final_reductions[0] > 0.5
+    assert stats.max_active_messages < 30  # bounded by the policy, not the run's length
+
+
+@pytest.mark.django_db
+def test_parallel_tool_calls(user, offline):
+    subset = parallel_runs()
+    assert len(subset) == 10 and most_parallel(subset[0]["messages"]) == 20
+    stats = replay_all(subset, user)
+    assert stats.compactions > 0
+
+
+@pytest.mark.django_db
+def test_call_that_never_gets_a_result(user, offline):
+    subset = unanswered_runs()
+    assert len(subset) == 1
+    stats = replay_all(subset, user)
+    assert stats.compactions > 0
+
+
+@pytest.mark.django_db
+def test_reused_tool_call_ids(user, offline):
+    subset = reused_id_runs()
+    assert len(subset) == 10
+    stats = replay_all(subset, user)
+    assert stats.compactions > 0
+
+
+@pytest.mark.django_db
+def test_long_chats(user, offline):
+    subset = long_chats()
+    stats = replay_all(subset, user)
+    assert stats.compactions >= 10
+    # Short human turns: the summary is large next to them, but the context still shrinks.
+    assert replay.percentile(stats.reductions, 50) > 0.1
+
+
+@pytest.mark.django_db
+def test_one_shot_compactions_take_the_same_queries_whatever_their_size(user, offline):
+    rows = replay.query_scaling(looping_run(), owner=user, checker=assert_context_invariants)
+    assert [row["archived"] for row in rows] == sorted({row["archived"] for row in rows})
+    assert rows[-1]["archived"] >= 128
+    assert {row["queries"] for row in rows} == {rows[0]["queries"]}
+    assert {row["message_updates"] for row in rows} == {1}
+
+
+# --------------------------------------------------------------------------- the replay fails
+
+
+@pytest.mark.django_db
+def test_a_wrong_prompt_hash_stops_the_replay(user, offline, monkeypatch):
+    from ctxsum.services import compaction
+
+    monkeypatch.setattr(compaction, "prompt_sha256", lambda prompt: "0" * 64)
+    record = long_chats()[0]
+    with pytest.raises(replay.ReplayViolation) as caught:
+        replay.replay_conversation(record, owner=user)
+    assert caught.value.conversation_id == record["id"]
+    assert caught.value.step == replay.TRIGGER["messages"]  # the first compaction
+    assert "prompt_sha256" in caught.value.problem
+
+
+@pytest.mark.django_db
+def test_an_invariant_violation_names_conversation_and_step(user, offline):
+    record = long_chats()[0]
+
+    def checker(conversation: Any, *, original_messages: Sequence[Any]) -> None:
+        assert len(original_messages) < 5, "broken on purpose"
+
+    with pytest.raises(replay.ReplayViolation) as caught:
+        replay.replay_conversation(record, owner=user, checker=checker)
+    assert (caught.value.conversation_id, caught.value.step) == (record["id"], 5)
+    assert "broken on purpose" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- the script
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REPLAY_PATH), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+    )
+
+
+def test_script_exits_0_and_writes_results(tmp_path):
+    output = tmp_path / "replay.json"
+    done = run_script(
+        "--check",
+        "--jobs",
+        "1",
+        "--files",
+        CHATS,
+        "--limit",
+        "2",
+        "--no-probe",
+        "--output",
+        str(output),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(output.read_text())
+    assert report["conversations"] == 2 and report["check"] is True
+    assert report["invariant_checker"] == "tests/invariants.py"
+    assert report["compactions"] == report["summaries"] > 0
+    assert report["message_updates_per_compaction"] == {"1": report["compactions"]}
+    assert "token reduction at turn >= 20" in done.stdout
+
+
+def test_script_exits_1_on_a_violation(tmp_path):
+    with gzip.open(replay.DATA_DIR / CHATS, "rt") as lines:
+        record = json.loads(lines.readline())
+    bad = {"role": "tool", "tool_call_id": "call_nobody_made", "content": "42"}
+    record["messages"] = [*record["messages"][:3], bad, *record["messages"][3:]]
+    (tmp_path / "bad.jsonl").write_text(json.dumps(record) + "\n")
+    done = run_script(
+        "--check",
+        "--jobs",
+        "1",
+        "--data-dir",
+        str(tmp_path),
+        "--files",
+        "bad.jsonl",
+        "--output",
+        str(tmp_path / "out.json"),
+    )
+    assert done.returncode == 1
+    assert f"conversation {record['id']} step 4" in done.stdout
+    assert not (tmp_path / "out.json").exists()
