@@ -34,7 +34,7 @@ from ctxsum.summarizers.openai import (
     OpenAISummarizer,
 )
 from ctxsum.tokens import count_text
-from tests.openai_server import FakeOpenAI, fake_summary
+from tests.openai_server import fake_summary
 
 PROMPT = "Summarize the conversation."
 HISTORY = "<user>Book a table for 4 at Chez Paul on 12 May.</user>\n<assistant>Done.</assistant>"
@@ -46,15 +46,6 @@ OFFLINE_PATH = "ctxsum.summarizers.offline.OfflineSummarizer"
 def _no_proxy(monkeypatch):
     # A proxy from the environment must not capture requests to the local fake.
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-
-
-@pytest.fixture
-def openai_server():
-    server = FakeOpenAI()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def make_openai(base_url: str, **kwargs) -> OpenAISummarizer:
