@@ -13,11 +13,12 @@ POSITIVE_KEYS = (
     "SUMMARY_TIMEOUT",
     "SUMMARY_MAX_TOKENS",
     "SUMMARY_INPUT_BUDGET",
-    "LEASE_SECONDS",
     "MAX_MESSAGE_BYTES",
     "MAX_BATCH_MESSAGES",
     "MAX_BODY_BYTES",
 )
+# Positive numbers, or None for "derived" / "none".
+OPTIONAL_POSITIVE_KEYS = ("LEASE_SECONDS", "MAX_CONTEXT_TOKENS")
 
 
 def _policy_errors() -> list[CheckMessage]:
@@ -40,34 +41,18 @@ def _policy_errors() -> list[CheckMessage]:
             )
     if not errors:
         try:
-            policy.parse_policy(ctxsum_settings.TRIGGER, ctxsum_settings.KEEP)
+            policy.Policy(trigger=parsed["TRIGGER"], keep=parsed["KEEP"])
         except policy.PolicyError as error:
             errors.append(
                 Error(
                     f"CTXSUM['KEEP'] contradicts CTXSUM['TRIGGER']: {error}",
-                    hint="Keep must be strictly below the trigger in the same unit, or "
-                    "every compaction would leave the context over its trigger.",
+                    hint="Keep must be strictly below the trigger in the same unit, and a "
+                    "message trigger above keep plus the system message and the summary, or "
+                    "every compaction would leave the context at its trigger.",
                     id="ctxsum.E004",
                 )
             )
-    if not errors:
-        errors += _tail_warnings(parsed["TRIGGER"], parsed["KEEP"])
     return errors
-
-
-def _tail_warnings(trigger: policy.Trigger, keep: policy.Keep) -> list[CheckMessage]:
-    # After compaction the context holds a system message, the summary and the kept tail.
-    if trigger.messages and keep.messages and keep.messages + 2 >= trigger.messages:
-        return [
-            Warning(
-                f"CTXSUM['KEEP'] keeps {keep.messages} messages; with a system message and the "
-                f"summary that reaches the trigger of {trigger.messages} messages, so "
-                "compaction is skipped as kept_tail_over_trigger.",
-                hint="Keep at least 3 messages fewer than the message trigger.",
-                id="ctxsum.W002",
-            )
-        ]
-    return []
 
 
 def _number_errors() -> list[CheckMessage]:
@@ -82,11 +67,47 @@ def _number_errors() -> list[CheckMessage]:
                     id="ctxsum.E005",
                 )
             )
+    for key in OPTIONAL_POSITIVE_KEYS:
+        value = getattr(ctxsum_settings, key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            errors.append(
+                Error(
+                    f"CTXSUM[{key!r}] must be a positive number or None, not {value!r}.",
+                    hint=f"The default is {DEFAULTS[key]!r}.",
+                    id="ctxsum.E005",
+                )
+            )
+    ratio = ctxsum_settings.TARGET_RATIO
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 1:
+        errors.append(
+            Error(
+                f"CTXSUM['TARGET_RATIO'] must be a number between 0 and 1, not {ratio!r}.",
+                hint=f"The default is {DEFAULTS['TARGET_RATIO']!r}: half the trigger.",
+                id="ctxsum.E009",
+            )
+        )
     for key in ("PROMPT", "PROMPT_VERSION", "SUMMARY_PREFIX"):
         value = getattr(ctxsum_settings, key)
         if not isinstance(value, str) or not value.strip():
             errors.append(Error(f"CTXSUM[{key!r}] must be a non-blank string.", id="ctxsum.E006"))
     return errors
+
+
+def _lease_warnings() -> list[CheckMessage]:
+    lease, timeout = ctxsum_settings.LEASE_SECONDS, ctxsum_settings.SUMMARY_TIMEOUT
+    if lease is not None and lease < timeout:
+        return [
+            Warning(
+                f"CTXSUM['LEASE_SECONDS'] ({lease}) is shorter than SUMMARY_TIMEOUT ({timeout}): "
+                "another worker may take over a lease while its summarizer call still runs, "
+                "wasting that summary.",
+                hint="Leave LEASE_SECONDS unset (SUMMARY_TIMEOUT + 5) or raise it.",
+                id="ctxsum.W003",
+            )
+        ]
+    return []
 
 
 def _summarizer_errors() -> list[CheckMessage]:
@@ -145,5 +166,5 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         ]
     errors = _policy_errors() + _number_errors()
     if not errors:
-        errors += _summarizer_errors()
+        errors += _lease_warnings() + _summarizer_errors()
     return errors + _encoding_warnings()

@@ -34,8 +34,15 @@ DEFAULTS: dict[str, Any] = {
     # When to compact: {"messages": N, "tokens": N}; one or both keys. With both, both must
     # be reached. Counts the active context as sent (system message and summary included).
     "TRIGGER": {"tokens": 12000},
-    # What to keep verbatim: exactly one of {"messages": N} or {"tokens": N}.
+    # The most to keep verbatim: exactly one of {"messages": N} or {"tokens": N}. When
+    # keeping it would leave the context at the trigger, fewer messages are kept.
     "KEEP": {"messages": 10},
+    # Where a compaction that has to keep fewer than KEEP aims: this fraction of the
+    # trigger, so the next append does not compact again at once (0 < ratio < 1).
+    "TARGET_RATIO": 0.5,
+    # Hard ceiling on the active context's tokens (None: no ceiling). Reaching past it
+    # compacts, and a compaction keeps fewer messages rather than stay above it.
+    "MAX_CONTEXT_TOKENS": None,
     # Chat model of a conversation that names none; also picks the tiktoken encoding.
     "DEFAULT_MODEL": "gpt-4o-mini",
     # A tiktoken encoding name that overrides the model's own (e.g. "o200k_base").
@@ -44,11 +51,12 @@ DEFAULTS: dict[str, Any] = {
     "SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer",
     # Options handed to the summarizer backend.
     "SUMMARIZER_OPTIONS": {},
-    # The model that writes summaries (the OpenAI backend's "model").
+    # The model that writes summaries; blank: the conversation's own chat model.
     "SUMMARY_MODEL": "gpt-4o-mini",
     # Seconds before a summarizer call fails.
     "SUMMARY_TIMEOUT": 60,
-    # Upper bound for the summary's length, in tokens.
+    # Hard cap on the summarizer's answer, in tokens; an answer cut off there is a failure.
+    # The prompt asks for at most 3/4 of it (less when what is replaced is small).
     "SUMMARY_MAX_TOKENS": 1024,
     # Tokens of formatted history one summarizer call may receive; larger histories are
     # summarized in chunks, each chunk's summary feeding the next.
@@ -60,8 +68,9 @@ DEFAULTS: dict[str, Any] = {
     "SUMMARY_PREFIX": "Here is a summary of the conversation so far:",
     # Compact automatically after an append that reaches the trigger (after it commits).
     "AUTO_COMPACT": False,
-    # Seconds after which another worker's compaction lease counts as abandoned.
-    "LEASE_SECONDS": 300,
+    # Seconds a compaction lease holds without renewal (it is renewed before every
+    # summarizer call); then another worker may take it over. None: SUMMARY_TIMEOUT + 5.
+    "LEASE_SECONDS": None,
     # Largest message (its JSON, in bytes), largest batch, largest request body (bytes).
     "MAX_MESSAGE_BYTES": 1024 * 1024,
     "MAX_BATCH_MESSAGES": 1000,

@@ -20,6 +20,10 @@ class SummarizerError(CtxsumError):
         self.cause = cause
 
 
+class SummaryTruncated(SummarizerError):
+    """The summarizer's answer was cut off at its token limit: an incomplete summary."""
+
+
 class TooLarge(CtxsumError):
     """A message, batch or request body is over its configured limit."""
 

@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from ctxsum.policy import Reason
+
 
 class Role(models.TextChoices):
     SYSTEM = "system"
@@ -31,6 +33,8 @@ class Conversation(models.Model):
     # Policy overrides; NULL means the settings' default (each replaces it as a whole).
     trigger = models.JSONField(null=True, blank=True)
     keep = models.JSONField(null=True, blank=True)
+    # Hard ceiling on the active context's tokens; NULL means the settings' default.
+    max_context_tokens = models.PositiveIntegerField(null=True, blank=True)
 
     # Counters that keep the hot path O(1); updated in the same transaction as the rows.
     next_seq = models.PositiveIntegerField(default=0)
@@ -41,7 +45,8 @@ class Conversation(models.Model):
     # Bumped on every change of the conversation or its context (an ETag for clients).
     revision = models.PositiveIntegerField(default=0)
 
-    # The compaction lease: which worker is summarizing, and since when.
+    # The compaction lease: which worker is summarizing, and since when (renewed before every
+    # summarizer call; abandoned once older than the lease time, see docs/architecture.md).
     lease_owner = models.CharField(max_length=64, blank=True, default="")
     leased_at = models.DateTimeField(null=True, blank=True)
 
@@ -199,7 +204,9 @@ class CompactionAttempt(models.Model):
         Conversation, on_delete=models.CASCADE, related_name="compaction_attempts"
     )
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
-    reason = models.CharField(max_length=64, blank=True, default="")
+    reason = models.CharField(
+        max_length=64, blank=True, default="", choices=[(r.value, r.value) for r in Reason]
+    )
     error = models.TextField(blank=True, default="")
     summary = models.ForeignKey(
         Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts"
@@ -207,6 +214,9 @@ class CompactionAttempt(models.Model):
     tokens_before = models.PositiveIntegerField(default=0)
     tokens_after = models.PositiveIntegerField(default=0)
     messages_archived = models.PositiveIntegerField(default=0)
+    # The seq range the attempt planned to archive (NULL when it planned nothing).
+    from_seq = models.PositiveIntegerField(null=True, blank=True)
+    to_seq = models.PositiveIntegerField(null=True, blank=True)
     forced = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 

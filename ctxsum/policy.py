@@ -23,12 +23,23 @@ UNITS = ("messages", "tokens")
 NOT_AN_OBJECT = '{field} must be an object such as {{"messages": 20}} or {{"tokens": 8000}}.'
 UNKNOWN_KEYS = "{field} has unknown keys {keys}; the allowed keys are messages and tokens."
 NOT_POSITIVE_INT = "{field}.{unit} must be a positive integer, not {value!r}."
+NOT_POSITIVE = "{field} must be a positive integer or null, not {value!r}."
 TRIGGER_EMPTY = "trigger needs at least one of messages or tokens."
 KEEP_NOT_ONE_UNIT = "keep needs exactly one of messages or tokens."
 KEEP_NOT_BELOW_TRIGGER = (
     "keep.{unit} ({keep}) must be less than trigger.{unit} ({trigger}); otherwise a "
     "compaction would have nothing to summarize."
 )
+KEEP_LEAVES_NO_ROOM = (
+    "keep.messages ({keep}) plus the pinned system message and summary reaches "
+    "trigger.messages ({trigger}): every compacted context would still reach the trigger. "
+    "Keep at most {most} messages."
+)
+# What a compacted context holds besides the kept tail: the leading system message and the
+# summary.
+PINNED_MAX = 2
+# The smallest summary length a compaction asks for, in tokens.
+MIN_SUMMARY_BUDGET = 32
 
 
 class Reason(StrEnum):
@@ -36,11 +47,15 @@ class Reason(StrEnum):
 
     BELOW_TRIGGER = "below_trigger"
     NOTHING_TO_SUMMARIZE = "nothing_to_summarize"
-    KEPT_TAIL_OVER_TRIGGER = "kept_tail_over_trigger"
+    NO_GAIN = "no_gain"
     IN_PROGRESS = "in_progress"
     CONFLICT = "conflict"
     DRY_RUN = "dry_run"
+    DEFERRED = "deferred"
     COMPACTED = "compacted"
+    SUMMARIZER_ERROR = "summarizer_error"
+    SUMMARY_TRUNCATED = "summary_truncated"
+    ERROR = "error"
 
 
 class PolicyError(ValueError):
@@ -54,7 +69,8 @@ class PolicyError(ValueError):
 def _check_amount(field: str, unit: str, value: object) -> None:
     # bool is an int subclass, but {"messages": true} is a mistake, not the number 1.
     if value is not None and (type(value) is not int or value < 1):
-        raise PolicyError(field, NOT_POSITIVE_INT.format(field=field, unit=unit, value=value))
+        message = NOT_POSITIVE_INT if unit else NOT_POSITIVE
+        raise PolicyError(field, message.format(field=field, unit=unit, value=value))
 
 
 @dataclass(frozen=True)
@@ -79,6 +95,16 @@ class Trigger:
             return False
         return self.tokens is None or token_count >= self.tokens
 
+    def within(self, ratio: float, message_count: int, token_count: int) -> bool:
+        """Whether a context of this size is at most ``ratio`` of the trigger in a unit it
+        sets: since every set threshold must be reached, it is then that far from firing."""
+        sizes = {"messages": message_count, "tokens": token_count}
+        return any(
+            sizes[unit] <= int(limit * ratio)
+            for unit in UNITS
+            if (limit := getattr(self, unit)) is not None
+        )
+
     def as_dict(self) -> dict[str, int]:
         return _as_dict(self.messages, self.tokens)
 
@@ -102,12 +128,15 @@ class Keep:
 
 @dataclass(frozen=True)
 class Policy:
-    """A trigger and a retention rule that can work together."""
+    """A trigger, a retention rule that can work with it, and an optional hard ceiling on
+    the context's tokens (``max_context_tokens``)."""
 
     trigger: Trigger
     keep: Keep
+    max_context_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        _check_amount("max_context_tokens", "", self.max_context_tokens)
         # Keeping as much as the trigger allows leaves nothing to summarize, so every
         # append past the trigger would start a compaction that can never happen.
         for unit in UNITS:
@@ -116,6 +145,14 @@ class Policy:
                 raise PolicyError(
                     "keep", KEEP_NOT_BELOW_TRIGGER.format(unit=unit, keep=kept, trigger=limit)
                 )
+        kept, limit = self.keep.messages, self.trigger.messages
+        if kept is not None and limit is not None and kept + PINNED_MAX >= limit:
+            raise PolicyError(
+                "keep",
+                KEEP_LEAVES_NO_ROOM.format(
+                    keep=kept, trigger=limit, most=max(limit - PINNED_MAX - 1, 0)
+                ),
+            )
 
 
 def _as_dict(messages: int | None, tokens: int | None) -> dict[str, int]:
@@ -147,9 +184,15 @@ def parse_keep(value: object) -> Keep:
     return Keep(**_amounts("keep", value))
 
 
-def parse_policy(trigger: object, keep: object) -> Policy:
-    """A Policy from the JSON forms of its trigger and keep; rejects keep >= trigger."""
-    return Policy(trigger=parse_trigger(trigger), keep=parse_keep(keep))
+def parse_policy(trigger: object, keep: object, max_context_tokens: object = None) -> Policy:
+    """A Policy from the JSON forms of its parts; rejects a keep that leaves the compacted
+    context at the trigger."""
+    _check_amount("max_context_tokens", "", max_context_tokens)
+    return Policy(
+        trigger=parse_trigger(trigger),
+        keep=parse_keep(keep),
+        max_context_tokens=max_context_tokens,  # type: ignore[arg-type]
+    )
 
 
 def pair_tool_results(messages: Sequence[Message]) -> dict[int, int | None]:
@@ -200,6 +243,48 @@ def retention_cutoff(tokens: Sequence[int], *, start: int, keep: Keep) -> int:
     return max(start, cutoff)
 
 
+class _ToolBoundaries:
+    """Where a context may be cut without separating a tool call from its results."""
+
+    def __init__(self, messages: Sequence[Message], start: int) -> None:
+        self.count = count = len(messages)
+        self.start = start
+        self.pairs = pairs = pair_tool_results(messages)
+        # earliest_request[i]: the smallest archivable request index among results at >= i.
+        # A cutoff c is unsafe exactly when earliest_request[c] < c; every cutoff between
+        # earliest_request[c] and c is then unsafe too, so jumping there loses nothing.
+        self.earliest_request = [count] * (count + 1)
+        for index in range(count - 1, -1, -1):
+            request = pairs.get(index)
+            earliest = self.earliest_request[index + 1]
+            if request is not None and request >= start:
+                earliest = min(earliest, request)
+            self.earliest_request[index] = earliest
+
+    def safe(self, candidate: int) -> int:
+        """``candidate`` moved back to the request of any result the tail would keep
+        without it, or forward past orphaned results at the tail's head; the newest
+        message is never archived."""
+        count, pairs = self.count, self.pairs
+        cutoff = min(max(candidate, self.start), count)
+        moved_back = False
+        # Jumping back can bring more results into the tail: repeat until stable.
+        while self.earliest_request[cutoff] < cutoff:
+            cutoff = self.earliest_request[cutoff]
+            moved_back = True
+        if moved_back:
+            # The cutoff now sits on an assistant message, never on a result.
+            return cutoff
+        # Results at the cutoff whose request is archived already or pinned are invalid in
+        # any request; archive them with the history rather than keep them at the tail's head.
+        while cutoff < count - 1 and cutoff in pairs:
+            request = pairs[cutoff]
+            if request is not None and request >= self.start:
+                break
+            cutoff += 1
+        return cutoff
+
+
 def safe_cutoff(messages: Sequence[Message], *, start: int, candidate: int) -> int:
     """``candidate`` moved so that no tool call is separated from its results.
 
@@ -207,45 +292,42 @@ def safe_cutoff(messages: Sequence[Message], *, start: int, candidate: int) -> i
     request that gets archived; moves forward past orphaned results (their request is gone
     or pinned) that would otherwise head the tail, but never archives the newest message.
     """
-    count = len(messages)
-    cutoff = min(max(candidate, start), count)
-    pairs = pair_tool_results(messages)
+    return _ToolBoundaries(messages, start).safe(candidate)
 
-    # earliest_request[i]: the smallest archivable request index among results at >= i.
-    # A cutoff c is unsafe exactly when earliest_request[c] < c; every cutoff between
-    # earliest_request[c] and c is then unsafe too, so jumping there loses nothing, and
-    # since the jump can bring more results into the tail the loop repeats until stable.
-    earliest_request = [count] * (count + 1)
-    for index in range(count - 1, -1, -1):
-        request = pairs.get(index)
-        earliest = earliest_request[index + 1]
-        if request is not None and request >= start:
-            earliest = min(earliest, request)
-        earliest_request[index] = earliest
-    moved_back = False
-    while earliest_request[cutoff] < cutoff:
-        cutoff = earliest_request[cutoff]
-        moved_back = True
-    if moved_back:
-        # The cutoff now sits on an assistant message, never on a result.
-        return cutoff
 
-    # Results at the cutoff whose request is archived already or pinned are invalid in
-    # any request; archive them with the history rather than keep them at the tail's head.
-    while cutoff < count - 1 and cutoff in pairs:
-        request = pairs[cutoff]
-        if request is not None and request >= start:
-            break
-        cutoff += 1
-    return cutoff
+def summary_budget(*, replaced_tokens: int, max_tokens: int, goal_tokens: int | None) -> int:
+    """How many tokens the new summary is asked to fit in.
+
+    Below the hard cap ``max_tokens`` with room to spare (a model overshooting a stated
+    length must not be cut off), at most half of what it replaces (a summary must be a
+    gain), and at most half of the token size the compaction aims for (``goal_tokens``), so
+    the kept tail has the other half.
+    """
+    budget = min(max_tokens * 3 // 4, replaced_tokens // 2)
+    if goal_tokens is not None:
+        budget = min(budget, goal_tokens // 2)
+    return max(MIN_SUMMARY_BUDGET, budget)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the planner needs to know about summaries and how far below the trigger a
+    compaction aims (``target_ratio`` of it)."""
+
+    target_ratio: float = 0.5
+    summary_max_tokens: int = 1024
+    # Tokens of the summary message besides the summary text (role framing, prefix).
+    summary_overhead: int = 0
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What a compaction of a context would do: archive ``messages[start:cutoff]``.
+    """What a compaction of a context would do: archive ``messages[start:cutoff]`` and ask
+    for a summary of at most ``summary_budget`` tokens.
 
-    The ``*_after`` numbers estimate the compacted context (pinned messages, one summary,
-    the kept tail); an existing summary's size stands in for the new one's.
+    The ``*_after`` numbers estimate the compacted context (pinned messages, a summary of
+    the budgeted size, the kept tail); ``over_trigger`` says that even so it would still
+    reach the trigger or exceed the ceiling.
     """
 
     reason: Reason
@@ -255,6 +337,8 @@ class Plan:
     tokens_before: int
     message_count_after: int
     tokens_after: int
+    summary_budget: int = 0
+    over_trigger: bool = False
 
     @property
     def compacts(self) -> bool:
@@ -269,11 +353,18 @@ def plan_compaction(
     has_summary: bool,
     policy: Policy,
     force: bool = False,
+    sizing: Sizing = Sizing(),
 ) -> Plan:
     """Decide whether and where to compact the active context ``messages``.
 
     ``tokens`` holds each message's token count. ``force`` ignores the trigger (a manual
     compaction) but still honours the pinned front, retention and tool boundaries.
+
+    Retention's ``keep`` is the most that stays verbatim. When keeping it would leave the
+    context at the trigger (or above ``max_context_tokens``), fewer messages are kept, so
+    the result lands at ``target_ratio`` of the trigger and the next append does not compact
+    again at once; never fewer than the newest message and its tool round. If even that
+    minimum stays at the trigger, the compaction still goes ahead and says ``over_trigger``.
     """
     count = len(messages)
     if len(tokens) != count:
@@ -282,24 +373,71 @@ def plan_compaction(
     if start > count:
         raise ValueError(f"history_start {start} is past the {count} messages.")
     tokens_before = context_tokens(tokens)
+    trigger, ceiling = policy.trigger, policy.max_context_tokens
+    over_ceiling = ceiling is not None and tokens_before > ceiling
+    if not force and not over_ceiling and not trigger.reached(count, tokens_before):
+        return Plan(Reason.BELOW_TRIGGER, start, start, count, tokens_before, count, tokens_before)
 
-    def plan(reason: Reason, cutoff: int, count_after: int, tokens_after: int) -> Plan:
-        return Plan(reason, start, cutoff, count, tokens_before, count_after, tokens_after)
+    goal = _goal_tokens(policy, sizing.target_ratio)
+    pinned = list(tokens[: int(leading)])
+    replaced_before = tokens[int(leading)] if has_summary else 0
+    # replaced[c]: tokens a compaction at cutoff c replaces (old summary + archived messages).
+    replaced = [replaced_before] * (count + 1)
+    for index in range(start, count):
+        replaced[index + 1] = replaced[index] + tokens[index]
 
-    if not force and not policy.trigger.reached(count, tokens_before):
-        return plan(Reason.BELOW_TRIGGER, start, count, tokens_before)
+    def plan(reason: Reason, cutoff: int) -> Plan:
+        if reason != Reason.COMPACTED:
+            return Plan(reason, start, cutoff, count, tokens_before, count, tokens_before)
+        budget = summary_budget(
+            replaced_tokens=replaced[cutoff],
+            max_tokens=sizing.summary_max_tokens,
+            goal_tokens=goal,
+        )
+        count_after = int(leading) + 1 + (count - cutoff)
+        tokens_after = context_tokens([*pinned, budget + sizing.summary_overhead, *tokens[cutoff:]])
+        over = trigger.reached(count_after, tokens_after) or (
+            ceiling is not None and tokens_after > ceiling
+        )
+        return Plan(
+            reason, start, cutoff, count, tokens_before, count_after, tokens_after, budget, over
+        )
 
-    cutoff = safe_cutoff(
-        messages, start=start, candidate=retention_cutoff(tokens, start=start, keep=policy.keep)
-    )
-    if cutoff <= start:
-        return plan(Reason.NOTHING_TO_SUMMARIZE, start, count, tokens_before)
+    boundaries = _ToolBoundaries(messages, start)
+    # The newest message and its tool round always stay verbatim.
+    last = boundaries.safe(count - 1) if count > start else start
+    if last <= start:
+        return plan(Reason.NOTHING_TO_SUMMARIZE, start)
+    cutoff = min(boundaries.safe(retention_cutoff(tokens, start=start, keep=policy.keep)), last)
+    if cutoff > start:
+        preferred = plan(Reason.COMPACTED, cutoff)
+        if not preferred.over_trigger:
+            return preferred
+    elif not over_ceiling and not trigger.reached(count, tokens_before):
+        # A forced compaction of a context whose every message retention keeps.
+        return plan(Reason.NOTHING_TO_SUMMARIZE, start)
+    # Keeping all of ``keep`` would leave the context at the trigger: keep fewer, cutting
+    # only between tool rounds, until the result lands at the target.
+    for candidate in range(max(cutoff, start) + 1, last):
+        if boundaries.safe(candidate) == candidate:
+            option = plan(Reason.COMPACTED, candidate)
+            if _lands(option, policy, sizing.target_ratio):
+                return option
+    return plan(Reason.COMPACTED, last)
 
-    summary_estimate = tokens[int(leading)] if has_summary else 0
-    count_after = int(leading) + 1 + (count - cutoff)
-    tokens_after = context_tokens([*tokens[: int(leading)], summary_estimate, *tokens[cutoff:]])
-    # Compacting a context whose tail alone keeps it over the trigger would start another
-    # compaction on the very next append, re-summarizing in a loop for nothing.
-    if not force and policy.trigger.reached(count_after, tokens_after):
-        return plan(Reason.KEPT_TAIL_OVER_TRIGGER, cutoff, count_after, tokens_after)
-    return plan(Reason.COMPACTED, cutoff, count_after, tokens_after)
+
+def _goal_tokens(policy: Policy, ratio: float) -> int | None:
+    """The token size a compaction aims for: the trigger's share and the ceiling."""
+    goals = []
+    if policy.trigger.tokens is not None:
+        goals.append(int(policy.trigger.tokens * ratio))
+    if policy.max_context_tokens is not None:
+        goals.append(policy.max_context_tokens)
+    return min(goals) if goals else None
+
+
+def _lands(plan: Plan, policy: Policy, ratio: float) -> bool:
+    ceiling = policy.max_context_tokens
+    if ceiling is not None and plan.tokens_after > ceiling:
+        return False
+    return policy.trigger.within(ratio, plan.message_count_after, plan.tokens_after)

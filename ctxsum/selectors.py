@@ -12,10 +12,10 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 
 
-def summary_message(summary: Summary) -> dict[str, Any]:
-    """The summary as it enters the context: a *user* message, so generated prose never
-    gains system authority."""
-    return {"role": "user", "content": f"{ctxsum_settings.SUMMARY_PREFIX}\n\n{summary.text}"}
+def summary_message(text: str) -> dict[str, Any]:
+    """A summary's text as it enters the context: a *user* message, so generated prose
+    never gains system authority."""
+    return {"role": "user", "content": f"{ctxsum_settings.SUMMARY_PREFIX}\n\n{text}"}
 
 
 @dataclass
@@ -37,6 +37,16 @@ class ActiveContext:
     def revision(self) -> int:
         return self.conversation.revision
 
+    @property
+    def max_context_tokens(self) -> int | None:
+        """The hard ceiling on the context's tokens, if the policy sets one."""
+        return self.conversation.max_context_tokens or ctxsum_settings.MAX_CONTEXT_TOKENS
+
+    @property
+    def over_max_context_tokens(self) -> bool:
+        ceiling = self.max_context_tokens
+        return ceiling is not None and self.token_count > ceiling
+
 
 def context_get(*, conversation: Conversation) -> ActiveContext:
     """The active context: [leading system message] + [summary] + active messages in seq
@@ -53,7 +63,7 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
         context.messages.append(row.as_openai())
         context.tokens.append(row.token_count)
     if summary is not None:
-        context.messages.append(summary_message(summary))
+        context.messages.append(summary_message(summary.text))
         context.tokens.append(summary.token_count)
     for row in rows[len(pinned) :]:
         context.messages.append(row.as_openai())

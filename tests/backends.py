@@ -16,7 +16,7 @@ class HookSummarizer(Summarizer):
     during: Callable[[], None] | None = None
     calls: list[str] = []
 
-    def summarize(self, *, prompt: str, history: str) -> str:
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
         type(self).calls.append(history)
         hook, type(self).during = type(self).during, None
         if hook is not None:

@@ -202,7 +202,7 @@ def _check_context_shape(state: _State) -> None:
     label, messages = state.label, state.context.messages
     expected = [
         *([state.leading.as_openai()] if state.leading else []),
-        *([summary_message(state.active_summary)] if state.active_summary else []),
+        *([summary_message(state.active_summary.text)] if state.active_summary else []),
         *[row.as_openai() for row in state.active],
     ]
     assert len(messages) == len(expected), (

@@ -7,6 +7,8 @@ records every request. Set ``mode`` to choose the answer:
   message (or ``reply`` when set);
 - ``"error"``: HTTP ``error_status`` (500) with an OpenAI-style JSON error body;
 - ``"slow"``: wait ``delay`` seconds, then answer as ``"ok"``;
+- ``"hold"``: wait until ``release()`` (or ``delay`` seconds as a safety net), then answer
+  as ``"ok"``: a test acts while the call is in flight, with no sleep to tune;
 - ``"blank"`` / ``"null"``: content ``""`` / ``null``;
 - ``"malformed"``: 200, ``Content-Type: application/json``, body ``{not json``;
 - ``"text"``: 200, ``Content-Type: text/plain``, a body that is not JSON;
@@ -22,12 +24,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 COMPLETIONS_PATH = "/v1/chat/completions"
-MODES = frozenset({"ok", "error", "slow", "blank", "null", "malformed", "text", "no_choices"})
+MODES = frozenset(
+    {"ok", "error", "slow", "hold", "blank", "null", "malformed", "text", "no_choices"}
+)
 
 
 def fake_summary(user_content: str) -> str:
-    """The summary the fake answers with in "ok" mode."""
-    return f"Summary of {len(user_content)} chars: {user_content[:80]}"
+    """The summary the fake answers with in "ok" mode: short, so that it is smaller than
+    what it replaces even in the tests' small conversations."""
+    return f"Summary of {len(user_content)} chars."
 
 
 class FakeOpenAI:
@@ -37,7 +42,9 @@ class FakeOpenAI:
         self.mode = mode
         self.delay = delay
         self.reply: str | None = None
+        self.finish_reason = "stop"
         self.error_status = 500
+        self._released = threading.Event()
         self.requests: list[dict[str, Any]] = []
         self._condition = threading.Condition()
         self._closing = threading.Event()
@@ -70,15 +77,25 @@ class FakeOpenAI:
         with self._condition:
             return self._condition.wait_for(lambda: self._in_flight == count, timeout)
 
+    def release(self) -> None:
+        """Let every held request (mode "hold") answer, now and from now on."""
+        self._released.set()
+
+    def hold(self) -> None:
+        """Hold requests again (mode "hold") until the next ``release()``."""
+        self._released.clear()
+
     def reset(self) -> None:
         """Forget recorded requests and go back to "ok"."""
         with self._condition:
             self.requests.clear()
         self.mode, self.reply, self.error_status = "ok", None, 500
+        self.finish_reason = "stop"
 
     def close(self) -> None:
         """Stop serving; a sleeping "slow" handler wakes up and its client gets cut off."""
         self._closing.set()
+        self._released.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -107,6 +124,8 @@ class FakeOpenAI:
             return 500, "application/json", _json({"error": {"message": f"Bad mode {mode!r}"}})
         if mode == "slow":
             self._closing.wait(self.delay)
+        if mode == "hold":
+            self._released.wait(self.delay)
         if mode == "error":
             error = {
                 "error": {
@@ -129,7 +148,7 @@ class FakeOpenAI:
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": content, "refusal": None},
-                "finish_reason": "stop",
+                "finish_reason": self.finish_reason,
                 "logprobs": None,
             }
         ]

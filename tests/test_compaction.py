@@ -13,7 +13,10 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
-from ctxsum.services.compaction import conversation_compact, prompt_sha256
+from ctxsum.policy import MIN_SUMMARY_BUDGET
+from ctxsum.selectors import summary_message
+from ctxsum.services.compaction import conversation_compact, lease_seconds, prompt_sha256
+from ctxsum.tokens import context_tokens, count_message
 from tests.backends import HookSummarizer
 
 pytestmark = pytest.mark.django_db
@@ -63,7 +66,7 @@ def hook_summarizer(settings):
 
 
 @pytest.fixture
-def travel(user):
+def travel(user, hook_summarizer):
     conversation = services.conversation_create(
         owner=user,
         system="You are a travel assistant.",
@@ -137,7 +140,12 @@ def test_dry_run_plans_without_writing_or_calling(travel, hook_summarizer):
 
     assert (result.compacted, result.reason) == (False, Reason.DRY_RUN)
     assert [row.seq for row in result.archived] == [1, 2, 3]
-    assert result.plan.tokens_after < result.plan.tokens_before
+    # The estimate counts a summary of the budgeted size (the smallest budget here).
+    plan = result.plan
+    assert plan.summary_budget == MIN_SUMMARY_BUDGET
+    kept = result.context.tokens[0:1] + result.context.tokens[4:]
+    overhead = count_message(summary_message(""))
+    assert plan.tokens_after == context_tokens([*kept, MIN_SUMMARY_BUDGET + overhead])
     assert hook_summarizer.calls == []
     assert _snapshot(travel) == before
 
@@ -153,18 +161,55 @@ def test_nothing_to_summarize_when_forced_on_a_short_conversation(user):
     assert (attempt.outcome, attempt.reason) == ("skipped", "nothing_to_summarize")
 
 
-def test_kept_tail_over_trigger_skips_instead_of_looping(user):
+def test_newest_message_over_the_trigger_compacts_as_far_as_it_can_then_stops(
+    user, hook_summarizer
+):
     conversation = services.conversation_create(
         owner=user, trigger={"tokens": 200}, keep={"tokens": 150}
     )
-    _turns(conversation, [("user", "hello"), ("assistant", "hi")])
+    _turns(conversation, [("user", "alpha " * 60), ("assistant", "beta " * 60)])
     _turns(conversation, [("user", "word " * 300)])  # the newest alone is over the trigger
+
+    first = conversation_compact(conversation=conversation)
+
+    assert (first.compacted, first.over_trigger) == (True, True)
+    assert [row.seq for row in first.archived] == [0, 1]
+    assert first.context.messages[1] == {"role": "user", "content": "word " * 300}
+    assert first.attempt.tokens_after == first.context.token_count > 200
+    # No loop: what is left is the newest message, which no compaction may archive.
     before = _snapshot(conversation)
-
-    result = conversation_compact(conversation=conversation)
-
-    assert result.reason == Reason.KEPT_TAIL_OVER_TRIGGER
+    second = conversation_compact(conversation=conversation)
+    assert (second.compacted, second.reason) == (False, Reason.NOTHING_TO_SUMMARIZE)
+    assert second.over_trigger
+    assert len(hook_summarizer.calls) == 1
     assert _snapshot(conversation) == before
+
+
+def test_huge_context_compacts_below_its_trigger_keeping_fewer_than_keep(user, hook_summarizer):
+    # Keeping 10 of these ~100-token messages would leave ~1,000 tokens: at the trigger.
+    conversation = services.conversation_create(
+        owner=user, system="You are terse.", trigger={"tokens": 1000}, keep={"messages": 10}
+    )
+    words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do".split()
+    batch = [
+        {"role": ("user", "assistant")[index % 2], "content": " ".join(words * 10)}
+        for index in range(130)
+    ]
+    services.message_append(conversation=conversation, messages=batch)
+    before = selectors.context_get(conversation=conversation).token_count
+    assert before > 13_000
+
+    first = conversation_compact(conversation=conversation)
+
+    assert first.compacted and not first.over_trigger
+    context = first.context
+    # Half the trigger is the target: fewer than 10 kept, and the summary fits beside them.
+    kept = len(context.messages) - 2
+    assert 1 <= kept < 10
+    assert context.token_count <= 500
+    assert first.attempt.tokens_after == context.token_count
+    second = conversation_compact(conversation=conversation)
+    assert (second.compacted, second.reason) == (False, Reason.BELOW_TRIGGER)
 
 
 def test_fresh_lease_answers_in_progress_without_calling(travel, hook_summarizer):
@@ -180,7 +225,7 @@ def test_fresh_lease_answers_in_progress_without_calling(travel, hook_summarizer
 
 
 def test_stale_lease_is_taken_over(travel, hook_summarizer):
-    stale = timezone.now() - timedelta(seconds=ctxsum_settings.LEASE_SECONDS + 5)
+    stale = timezone.now() - timedelta(seconds=lease_seconds() + 1)
     Conversation.objects.filter(pk=travel.pk).update(lease_owner="crashed", leased_at=stale)
 
     result = conversation_compact(conversation=travel)
@@ -325,7 +370,8 @@ def test_compaction_queries_do_not_grow_with_the_archived_range(
     assert Message.objects.filter(conversation=conversation).archived().count() == size - 2
 
 
-# snapshot (conversation, summary, messages): 3; lease (savepoint, lock, update, release): 4;
-# commit (savepoint, lock, active summary, insert summary, bulk update, counters, attempt,
-# release): 8; the fresh context (conversation, summary, messages): 3.
-COMPACTION_QUERIES = 18
+# snapshot (conversation, summary, messages): 3; earlier no_gain for the range: 1; lease (one
+# conditional update): 1; commit (savepoint, lock, active summary, insert summary, bulk
+# update, counters, attempt, release): 8; the fresh context (conversation, summary,
+# messages): 3.
+COMPACTION_QUERIES = 16

@@ -177,7 +177,7 @@ def test_appends_do_not_wait_for_a_slow_summary(conversation, fake):
     context = context_get(conversation=conversation).messages
     assert context[-len(appended) :] == appended
     assert context[0] == SYSTEM
-    assert context[1] == summary_message(summary)
+    assert context[1] == summary_message(summary.text)
     assert_context_invariants(conversation, original_messages=[*ORIGINAL, *appended])
     conversation.refresh_from_db()
     assert conversation.lease_owner == "" and conversation.leased_at is None

@@ -247,13 +247,13 @@ class ChunkFailingSummarizer(OfflineSummarizer):
 
     calls: ClassVar[int] = 0
 
-    def summarize(self, *, prompt: str, history: str) -> str:
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
         type(self).calls += 1
         if type(self).calls >= self.options.get("fail_on", 1):
             if self.options.get("crash"):
                 raise RuntimeError("backend bug")
             raise SummarizerError("The summarizer failed half-way.")
-        return super().summarize(prompt=prompt, history=history)
+        return super().summarize(prompt=prompt, history=history, model=model, budget=budget)
 
 
 CHUNK_FAILING = f"{__name__}.ChunkFailingSummarizer"

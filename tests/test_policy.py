@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from ctxsum.policy import (
     KEEP_NOT_BELOW_TRIGGER,
     KEEP_NOT_ONE_UNIT,
+    MIN_SUMMARY_BUDGET,
     NOT_AN_OBJECT,
     NOT_POSITIVE_INT,
     TRIGGER_EMPTY,
@@ -29,6 +30,7 @@ from ctxsum.policy import (
     plan_compaction,
     retention_cutoff,
     safe_cutoff,
+    summary_budget,
 )
 from ctxsum.tokens import REPLY_PRIMING
 
@@ -101,9 +103,10 @@ def test_five_messages_archive_all_but_the_last_two() -> None:
     assert (plan.start, plan.cutoff) == (0, 3)
     assert plan.message_count_before == 5
     assert plan.tokens_before == 60 + REPLY_PRIMING
-    # One new summary (no old one to estimate its size from) plus the two kept messages.
+    # A new summary of the smallest budget (what it replaces is small) and the two kept.
     assert plan.message_count_after == 3
-    assert plan.tokens_after == 13 + 14 + REPLY_PRIMING
+    assert plan.summary_budget == MIN_SUMMARY_BUDGET
+    assert plan.tokens_after == MIN_SUMMARY_BUDGET + 13 + 14 + REPLY_PRIMING
 
 
 def test_five_messages_with_system_message_keep_it_pinned() -> None:
@@ -119,7 +122,7 @@ def test_five_messages_with_system_message_keep_it_pinned() -> None:
     assert (plan.start, plan.cutoff) == (1, 3)
     assert messages[plan.start : plan.cutoff] == messages[1:3]
     assert plan.message_count_after == 4
-    assert plan.tokens_after == 7 + 12 + 13 + REPLY_PRIMING
+    assert plan.tokens_after == 7 + MIN_SUMMARY_BUDGET + 12 + 13 + REPLY_PRIMING
 
 
 def test_both_trigger_keys_must_be_reached() -> None:
@@ -213,9 +216,10 @@ def test_system_message_and_summary_are_never_archived() -> None:
     archived = messages[plan.start : plan.cutoff]
     assert all(message is not pinned[0] and message is not pinned[1] for message in archived)
     assert plan.cutoff == 9
-    # Pinned system message, a new summary the size of the old one, one kept message.
+    # Pinned system message, a new summary of half what it replaces, one kept message.
     assert plan.message_count_after == 3
-    assert plan.tokens_after == 500 + 300 + 10 + REPLY_PRIMING
+    assert plan.summary_budget == (300 + 7 * 10) // 2
+    assert plan.tokens_after == 500 + plan.summary_budget + 10 + REPLY_PRIMING
 
 
 # --- tool boundary ---------------------------------------------------------------------
@@ -358,37 +362,95 @@ def test_safe_cutoff_handles_long_conversations_in_linear_time() -> None:
 # --- the plan --------------------------------------------------------------------------
 
 
-def test_kept_tail_over_trigger_skips_instead_of_looping() -> None:
+def test_newest_message_over_the_trigger_still_compacts_as_far_as_it_can() -> None:
     messages = [system(), *turns(5)]
     tokens = [10, 20, 20, 20, 20, 150]
     rule = policy({"tokens": 100}, {"tokens": 50})
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
-    # The newest message alone (150) is over the trigger, so compacting cannot get below it.
-    assert plan.reason is Reason.KEPT_TAIL_OVER_TRIGGER
-    assert not plan.compacts
-    assert plan.cutoff == 5
-    assert plan.tokens_after == 10 + 150 + REPLY_PRIMING
-
-    forced = plan_compaction(
-        messages, tokens, leading=True, has_summary=False, policy=rule, force=True
-    )
-    assert forced.reason is Reason.COMPACTED
-    assert (forced.start, forced.cutoff) == (1, 5)
+    # The newest message alone (150) is over the trigger: everything before it goes.
+    assert plan.reason is Reason.COMPACTED
+    assert (plan.start, plan.cutoff) == (1, 5)
+    assert plan.over_trigger
+    assert plan.tokens_after == 10 + MIN_SUMMARY_BUDGET + 150 + REPLY_PRIMING
 
 
-def test_an_old_summary_counts_toward_the_tail_check() -> None:
-    messages = [summary(), *turns(4)]
-    rule = policy({"tokens": 100}, {"messages": 1})
-    small = plan_compaction(
-        messages, [30, 20, 20, 20, 20], leading=False, has_summary=True, policy=rule
-    )
-    large = plan_compaction(
-        messages, [80, 5, 5, 5, 20], leading=False, has_summary=True, policy=rule
-    )
-    assert small.reason is Reason.COMPACTED
-    assert small.tokens_after == 30 + 20 + REPLY_PRIMING
-    assert large.reason is Reason.KEPT_TAIL_OVER_TRIGGER
-    assert large.tokens_after == 80 + 20 + REPLY_PRIMING
+def test_keep_is_the_most_kept_when_it_would_leave_the_context_at_the_trigger() -> None:
+    messages = [system(), *turns(20)]
+    tokens = [10, *[100] * 20]
+    rule = policy({"tokens": 1000}, {"messages": 10})
+    plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+    # Keeping 10 would leave 10 + budget + 1000 tokens: at the trigger. The plan keeps
+    # fewer, so the result lands at half the trigger (500), summary budget included.
+    assert plan.compacts and not plan.over_trigger
+    assert plan.summary_budget == 1000 // 2 // 2
+    assert plan.tokens_after <= 500
+    assert plan.cutoff == 19  # 10 + 250 + 200 + 3 fits; three kept messages would not
+    one_more = 10 + plan.summary_budget + 300 + REPLY_PRIMING
+    assert one_more > 500
+
+
+def test_keep_is_honoured_when_it_leaves_the_context_below_the_trigger() -> None:
+    messages = [system(), *turns(20)]
+    tokens = [10, *[30] * 20]
+    rule = policy({"tokens": 600}, {"messages": 10})
+    plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+    assert plan.compacts and not plan.over_trigger
+    assert plan.cutoff == 11
+    assert 300 < plan.tokens_after < 600  # over the target, but KEEP is what was asked for
+
+
+def test_keeping_fewer_never_splits_a_tool_round() -> None:
+    messages = [system(), *turns(6), assistant(None, calls=("a", "b")), result("a"), result("b")]
+    tokens = [10, *[100] * 6, 100, 100, 100]
+    rule = policy({"tokens": 600}, {"messages": 5})
+    plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+    # The newest message is a result: its round (request and both results) stays whole,
+    # although the result (10 + 150 + 300 + 3) is then over the target of 300.
+    assert plan.cutoff == 7
+    assert plan.tokens_after == 463
+    assert not plan.over_trigger
+
+
+def test_max_context_tokens_compacts_and_keeps_fewer_below_it() -> None:
+    messages = [system(), *turns(10)]
+    tokens = [10, *[100] * 10]
+    rule = parse_policy({"messages": 50}, {"messages": 8}, 500)
+    plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+    # Below the message trigger, but above the ceiling: it compacts, and to fit under the
+    # ceiling it keeps fewer than 8.
+    assert plan.compacts and not plan.over_trigger
+    assert plan.tokens_after <= 500
+    assert plan.summary_budget == 250
+    assert plan.cutoff == 9
+
+
+def test_summary_budget() -> None:
+    # Half of what it replaces, within 3/4 of the cap and half the goal, never below 32.
+    assert summary_budget(replaced_tokens=400, max_tokens=1024, goal_tokens=None) == 200
+    assert summary_budget(replaced_tokens=10_000, max_tokens=1024, goal_tokens=None) == 768
+    assert summary_budget(replaced_tokens=10_000, max_tokens=1024, goal_tokens=600) == 300
+    assert summary_budget(replaced_tokens=10, max_tokens=1024, goal_tokens=None) == 32
+
+
+def test_a_trigger_within_a_ratio_needs_one_unit_that_far_below() -> None:
+    trigger = Trigger(messages=10, tokens=1000)
+    assert trigger.within(0.5, 20, 500)
+    assert trigger.within(0.5, 5, 5000)
+    assert not trigger.within(0.5, 6, 501)
+
+
+def test_a_message_trigger_must_leave_room_for_keep_system_and_summary() -> None:
+    with pytest.raises(PolicyError, match=r"Keep at most 2 messages") as caught:
+        parse_policy({"messages": 5}, {"messages": 3})
+    assert caught.value.field == "keep"
+    assert parse_policy({"messages": 5}, {"messages": 2}).keep.messages == 2
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "100"])
+def test_max_context_tokens_must_be_a_positive_integer(value: object) -> None:
+    with pytest.raises(PolicyError, match="max_context_tokens must be a positive integer") as e:
+        parse_policy({"tokens": 100}, {"tokens": 50}, value)
+    assert e.value.field == "max_context_tokens"
 
 
 def test_force_skips_the_trigger_but_respects_tool_boundaries() -> None:
@@ -429,7 +491,8 @@ def test_a_conversation_of_pinned_messages_only_has_nothing_to_summarize() -> No
         [5, 5],
         leading=True,
         has_summary=True,
-        policy=policy({"messages": 2}, {"messages": 1}),
+        policy=policy({"messages": 4}, {"messages": 1}),
+        force=True,
     )
     assert plan.reason is Reason.NOTHING_TO_SUMMARIZE
 
@@ -441,7 +504,7 @@ def test_plan_rejects_token_counts_of_another_length() -> None:
             [1, 1],
             leading=False,
             has_summary=False,
-            policy=policy({"messages": 2}, {"messages": 1}),
+            policy=policy({"messages": 5}, {"messages": 1}),
         )
 
 
@@ -449,11 +512,15 @@ def test_reason_values_are_stable() -> None:
     assert {reason.value for reason in Reason} == {
         "below_trigger",
         "nothing_to_summarize",
-        "kept_tail_over_trigger",
+        "no_gain",
         "in_progress",
         "conflict",
         "dry_run",
+        "deferred",
         "compacted",
+        "summarizer_error",
+        "summary_truncated",
+        "error",
     }
     assert Reason.COMPACTED == "compacted"
 
@@ -598,10 +665,17 @@ def policies(draw: st.DrawFn) -> Policy:
         keep = Keep(tokens=draw(st.integers(1, 1500)))
     units = draw(st.sampled_from([("messages",), ("tokens",), ("messages", "tokens")]))
     trigger = Trigger(
-        messages=draw(st.integers((keep.messages or 0) + 1, 30)) if "messages" in units else None,
+        messages=draw(st.integers((keep.messages or 0) + 3, 30)) if "messages" in units else None,
         tokens=draw(st.integers((keep.tokens or 0) + 1, 5000)) if "tokens" in units else None,
     )
-    return Policy(trigger, keep)
+    ceiling = draw(st.none() | st.integers(50, 6000))
+    return Policy(trigger, keep, ceiling)
+
+
+def _goal(rule: Policy) -> int | None:
+    goals = [rule.trigger.tokens // 2] if rule.trigger.tokens else []
+    goals += [rule.max_context_tokens] if rule.max_context_tokens else []
+    return min(goals) if goals else None
 
 
 def requests_in_full_list(messages: list[Message]) -> dict[int, int]:
@@ -644,23 +718,40 @@ def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
     assert all(message is not pinned for message in archived for pinned in messages[:start])
     if force:
         assert plan.reason in (Reason.COMPACTED, Reason.NOTHING_TO_SUMMARIZE)
+    ceiling = rule.max_context_tokens
+    # The newest message and its tool round are the least a compaction keeps.
+    newest_round = safe_cutoff(messages, start=start, candidate=count - 1)
     if plan.compacts:
-        assert start < plan.cutoff
+        assert start < plan.cutoff <= newest_round
         assert plan.message_count_after == int(leading) + 1 + count - plan.cutoff
-        summary_estimate = tokens[int(leading)] if has_summary else 0
+        replaced = (tokens[int(leading)] if has_summary else 0) + sum(tokens[start : plan.cutoff])
+        assert plan.summary_budget == summary_budget(
+            replaced_tokens=replaced, max_tokens=1024, goal_tokens=_goal(rule)
+        )
         assert plan.tokens_after == (
             sum(tokens[: int(leading)])
-            + summary_estimate
+            + plan.summary_budget
             + sum(tokens[plan.cutoff :])
             + REPLY_PRIMING
         )
-        if not force:
-            assert not rule.trigger.reached(plan.message_count_after, plan.tokens_after)
-    if plan.reason is Reason.KEPT_TAIL_OVER_TRIGGER:
-        assert rule.trigger.reached(plan.message_count_after, plan.tokens_after)
+        over = rule.trigger.reached(plan.message_count_after, plan.tokens_after) or (
+            ceiling is not None and plan.tokens_after > ceiling
+        )
+        assert plan.over_trigger == over
+        # Never more kept than retention asks for (tool rounds aside) ...
+        preferred = safe_cutoff(
+            messages, start=start, candidate=retention_cutoff(tokens, start=start, keep=rule.keep)
+        )
+        assert plan.cutoff >= min(preferred, newest_round)
+        # ... and fewer only to get off the trigger: then as far as the target or the minimum.
+        if plan.cutoff > max(preferred, start + 1) and plan.cutoff != newest_round:
+            assert rule.trigger.within(0.5, plan.message_count_after, plan.tokens_after)
+        if over:
+            assert plan.cutoff == newest_round
     if plan.reason is Reason.BELOW_TRIGGER:
         assert not force
         assert not rule.trigger.reached(count, plan.tokens_before)
+        assert ceiling is None or plan.tokens_before <= ceiling
 
 
 @settings(max_examples=300, deadline=None)

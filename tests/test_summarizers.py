@@ -15,7 +15,7 @@ from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxsum.exceptions import SummarizerError
+from ctxsum.exceptions import SummarizerError, SummaryTruncated
 from ctxsum.summarizers import Summarizer, get_summarizer
 from ctxsum.summarizers.base import BLANK_INPUT, BLANK_SUMMARY, E_UNKNOWN_OPTIONS
 from ctxsum.summarizers.offline import OfflineSummarizer
@@ -23,7 +23,6 @@ from ctxsum.summarizers.openai import (
     CLIENT_FAILED,
     CONNECTION_FAILED,
     E_BAD_OPTION,
-    E_BLANK_MODEL,
     HTTP_ERROR,
     MALFORMED_RESPONSE,
     NO_CHOICES,
@@ -38,6 +37,9 @@ from tests.openai_server import fake_summary
 
 PROMPT = "Summarize the conversation."
 HISTORY = "<user>Book a table for 4 at Chez Paul on 12 May.</user>\n<assistant>Done.</assistant>"
+# What the compaction service passes besides prompt and history; the budget is larger than
+# any max_tokens here, so max_tokens is what bounds the offline summaries below.
+CALL = {"model": "summary-model", "budget": 10**6}
 OPENAI_PATH = "ctxsum.summarizers.openai.OpenAISummarizer"
 OFFLINE_PATH = "ctxsum.summarizers.offline.OfflineSummarizer"
 
@@ -65,7 +67,7 @@ def closed_port_url() -> str:
 
 
 def test_openai_sends_one_system_and_one_user_message(openai_server):
-    summary = make_openai(openai_server.base_url).summarize(prompt=PROMPT, history=HISTORY)
+    summary = make_openai(openai_server.base_url).summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert summary == fake_summary(HISTORY)
     [request] = openai_server.requests
@@ -77,7 +79,9 @@ def test_openai_sends_one_system_and_one_user_message(openai_server):
         {"role": "user", "content": HISTORY},
     ]
     assert body["model"] == "summary-model"
-    assert body["max_tokens"] == 321
+    # Current OpenAI models take only max_completion_tokens.
+    assert body["max_completion_tokens"] == 321
+    assert "max_tokens" not in body
     assert "temperature" not in body
     assert body.get("stream") in (None, False)
 
@@ -85,7 +89,7 @@ def test_openai_sends_one_system_and_one_user_message(openai_server):
 def test_openai_returns_stripped_content(openai_server):
     openai_server.reply = "\n  Alice booked LH123 for 12 May.  \n"
 
-    summary = make_openai(openai_server.base_url).summarize(prompt=PROMPT, history=HISTORY)
+    summary = make_openai(openai_server.base_url).summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert summary == "Alice booked LH123 for 12 May."
 
@@ -93,11 +97,40 @@ def test_openai_returns_stripped_content(openai_server):
 def test_openai_sends_temperature_and_extra_body(openai_server):
     options = {"temperature": 0.2, "extra_body": {"top_k": 5}}
 
-    make_openai(openai_server.base_url, options=options).summarize(prompt=PROMPT, history=HISTORY)
+    make_openai(openai_server.base_url, options=options).summarize(
+        prompt=PROMPT, history=HISTORY, **CALL
+    )
 
     body = openai_server.requests[0]["body"]
     assert body["temperature"] == 0.2
     assert body["top_k"] == 5
+
+
+def test_openai_sends_the_model_it_is_given_for_the_call(openai_server):
+    make_openai(openai_server.base_url).summarize(
+        prompt=PROMPT, history=HISTORY, model="gpt-4.1-nano", budget=50
+    )
+
+    assert openai_server.requests[0]["body"]["model"] == "gpt-4.1-nano"
+
+
+def test_openai_max_tokens_param_option_for_older_servers(openai_server):
+    summarizer = make_openai(openai_server.base_url, options={"max_tokens_param": "max_tokens"})
+
+    summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL)
+
+    body = openai_server.requests[0]["body"]
+    assert body["max_tokens"] == 321
+    assert "max_completion_tokens" not in body
+
+
+@pytest.mark.parametrize("content", ["Alice booked LH123 for", None])
+def test_openai_reply_cut_off_at_max_tokens_is_a_failure(openai_server, content):
+    openai_server.reply = content
+    openai_server.finish_reason = "length"
+
+    with pytest.raises(SummaryTruncated, match="cut off at 321 tokens"):
+        make_openai(openai_server.base_url).summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
 
 def test_openai_uses_a_placeholder_key_for_a_keyless_local_server(openai_server, monkeypatch):
@@ -106,7 +139,7 @@ def test_openai_uses_a_placeholder_key_for_a_keyless_local_server(openai_server,
         model="local", timeout=5, max_tokens=100, options={"base_url": openai_server.base_url}
     )
 
-    summarizer.summarize(prompt=PROMPT, history=HISTORY)
+    summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     auth = openai_server.requests[0]["headers"]["authorization"]
     assert auth == f"Bearer {PLACEHOLDER_API_KEY}"
@@ -117,16 +150,16 @@ def test_openai_reads_base_url_and_key_from_the_environment(openai_server, monke
     monkeypatch.setenv("OPENAI_API_KEY", "env-key")
     summarizer = OpenAISummarizer(model="m", timeout=5, max_tokens=100)
 
-    assert summarizer.summarize(prompt=PROMPT, history=HISTORY) == fake_summary(HISTORY)
+    assert summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL) == fake_summary(HISTORY)
     assert openai_server.requests[0]["headers"]["authorization"] == "Bearer env-key"
 
 
 def test_openai_creates_one_client_per_instance(openai_server):
     summarizer = make_openai(openai_server.base_url)
 
-    summarizer.summarize(prompt=PROMPT, history=HISTORY)
+    summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL)
     client = summarizer.client
-    summarizer.summarize(prompt=PROMPT, history=HISTORY)
+    summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert summarizer.client is client
     assert client.max_retries == 0
@@ -138,7 +171,7 @@ def test_openai_refuses_blank_history_without_calling(openai_server):
 
     for history in ("", "  \n\t "):
         with pytest.raises(SummarizerError, match=BLANK_INPUT):
-            summarizer.summarize(prompt=PROMPT, history=history)
+            summarizer.summarize(prompt=PROMPT, history=history, **CALL)
 
     assert openai_server.requests == []
 
@@ -162,7 +195,7 @@ def test_openai_failure_is_one_attempt_and_one_error(openai_server, mode, messag
     summarizer = make_openai(openai_server.base_url)
 
     with pytest.raises(SummarizerError) as caught:
-        summarizer.summarize(prompt=PROMPT, history=HISTORY)
+        summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert str(caught.value).startswith(message)
     assert isinstance(caught.value.cause, cause)
@@ -174,7 +207,7 @@ def test_openai_http_error_names_status_and_server_message(openai_server):
     openai_server.error_status = 503
 
     with pytest.raises(SummarizerError) as caught:
-        make_openai(openai_server.base_url).summarize(prompt=PROMPT, history=HISTORY)
+        make_openai(openai_server.base_url).summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert str(caught.value) == "The summarizer answered HTTP 503. The fake server had an error."
     assert isinstance(caught.value.cause, openai.APIStatusError)
@@ -185,7 +218,7 @@ def test_openai_wrong_path_is_an_http_error(openai_server):
     base_url = openai_server.base_url.removesuffix("/v1")
 
     with pytest.raises(SummarizerError) as caught:
-        make_openai(base_url).summarize(prompt=PROMPT, history=HISTORY)
+        make_openai(base_url).summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert str(caught.value).startswith(HTTP_ERROR.format(status=404))
     assert isinstance(caught.value.cause, openai.NotFoundError)
@@ -198,7 +231,7 @@ def test_openai_timeout_is_one_attempt(openai_server):
 
     started = time.monotonic()
     with pytest.raises(SummarizerError) as caught:
-        summarizer.summarize(prompt=PROMPT, history=HISTORY)
+        summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL)
     elapsed = time.monotonic() - started
 
     assert str(caught.value) == TIMED_OUT.format(timeout=0.5)
@@ -212,7 +245,7 @@ def test_openai_connection_refused():
     base_url = closed_port_url()
 
     with pytest.raises(SummarizerError) as caught:
-        make_openai(base_url).summarize(prompt=PROMPT, history=HISTORY)
+        make_openai(base_url).summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert str(caught.value) == CONNECTION_FAILED.format(base_url=base_url + "/")
     assert isinstance(caught.value.cause, openai.APIConnectionError)
@@ -226,7 +259,7 @@ def test_openai_without_any_credentials_fails_without_network(monkeypatch):
     summarizer = OpenAISummarizer(model="m", timeout=5, max_tokens=100)
 
     with pytest.raises(SummarizerError) as caught:
-        summarizer.summarize(prompt=PROMPT, history=HISTORY)
+        summarizer.summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
     assert str(caught.value).startswith(CLIENT_FAILED)
     assert isinstance(caught.value.cause, openai.OpenAIError)
@@ -238,7 +271,7 @@ def test_fake_server_answers_while_a_slow_call_is_in_flight(openai_server):
     results: list[str] = []
     slow = threading.Thread(
         target=lambda: results.append(
-            make_openai(openai_server.base_url).summarize(prompt=PROMPT, history="slow")
+            make_openai(openai_server.base_url).summarize(prompt=PROMPT, history="slow", **CALL)
         )
     )
     slow.start()
@@ -247,7 +280,7 @@ def test_fake_server_answers_while_a_slow_call_is_in_flight(openai_server):
     openai_server.mode = "ok"
 
     started = time.monotonic()
-    fast = make_openai(openai_server.base_url).summarize(prompt=PROMPT, history="fast")
+    fast = make_openai(openai_server.base_url).summarize(prompt=PROMPT, history="fast", **CALL)
     assert time.monotonic() - started < 1
     assert fast == fake_summary("fast")
     assert openai_server.wait_for_in_flight(1)
@@ -293,14 +326,14 @@ def test_offline_capabilities():
 
 
 def test_offline_is_deterministic():
-    first = offline().summarize(prompt=PROMPT, history=SAMPLE)
+    first = offline().summarize(prompt=PROMPT, history=SAMPLE, **CALL)
 
-    assert offline().summarize(prompt="another prompt", history=SAMPLE) == first
-    assert offline().summarize(prompt=PROMPT, history=SAMPLE) == first
+    assert offline().summarize(prompt="another prompt", history=SAMPLE, **CALL) == first
+    assert offline().summarize(prompt=PROMPT, history=SAMPLE, **CALL) == first
 
 
 def test_offline_keeps_facts_and_drops_small_talk():
-    summary = offline().summarize(prompt=PROMPT, history=SAMPLE)
+    summary = offline().summarize(prompt=PROMPT, history=SAMPLE, **CALL)
 
     for fact in (
         "Alice Martin",
@@ -319,7 +352,7 @@ def test_offline_keeps_facts_and_drops_small_talk():
 
 
 def test_offline_output_is_ordered_and_labelled():
-    lines = offline().summarize(prompt=PROMPT, history=SAMPLE).splitlines()
+    lines = offline().summarize(prompt=PROMPT, history=SAMPLE, **CALL).splitlines()
 
     assert lines[0].startswith("- User: I'm Alice Martin.")
     assert lines[1] == '- Called search_flights({"from": "BER", "to": "LIS"})'
@@ -333,7 +366,7 @@ def test_offline_stays_within_budget():
         f"<user>Order {n} ships to Warehouse {n % 7} on day {n}.</user>" for n in range(200)
     )
 
-    summary = offline(max_tokens=60).summarize(prompt=PROMPT, history=history)
+    summary = offline(max_tokens=60).summarize(prompt=PROMPT, history=history, **CALL)
 
     assert 0 < count_text(summary) <= 60
     # The newest facts are kept, the oldest dropped.
@@ -344,7 +377,7 @@ def test_offline_stays_within_budget():
 def test_offline_truncates_a_single_huge_sentence():
     history = "<user>" + " ".join(f"item{n}" for n in range(2000)) + "</user>"
 
-    summary = offline(max_tokens=20).summarize(prompt=PROMPT, history=history)
+    summary = offline(max_tokens=20).summarize(prompt=PROMPT, history=history, **CALL)
 
     assert summary.startswith("- User: item0")
     assert 0 < count_text(summary) <= 20
@@ -353,29 +386,29 @@ def test_offline_truncates_a_single_huge_sentence():
 def test_offline_never_blank_without_facts():
     history = "<user>hello there. how are you?</user><assistant>fine, thanks.</assistant>"
 
-    assert offline().summarize(prompt=PROMPT, history=history) == "- User: hello there."
+    assert offline().summarize(prompt=PROMPT, history=history, **CALL) == "- User: hello there."
 
 
 def test_offline_refuses_blank_input():
     for history in ("", "   \n ", "<user></user>"):
         with pytest.raises(SummarizerError, match=BLANK_INPUT):
-            offline().summarize(prompt=PROMPT, history=history)
+            offline().summarize(prompt=PROMPT, history=history, **CALL)
 
 
 def test_offline_accepts_plain_text():
-    summary = offline().summarize(prompt=PROMPT, history="Meeting moved to Friday 3pm.")
+    summary = offline().summarize(prompt=PROMPT, history="Meeting moved to Friday 3pm.", **CALL)
 
     assert "Meeting moved to Friday 3pm." in summary
 
 
 def test_offline_keeps_previous_summary_and_appends_new_facts():
-    previous = offline().summarize(prompt=PROMPT, history=SAMPLE)
+    previous = offline().summarize(prompt=PROMPT, history=SAMPLE, **CALL)
     history = (
         f"<summary-so-far>{previous.replace('&', '&amp;')}</summary-so-far>\n"
         "<user>Please add checked baggage, 23 kg.</user>"
     )
 
-    summary = offline().summarize(prompt=PROMPT, history=history)
+    summary = offline().summarize(prompt=PROMPT, history=history, **CALL)
 
     assert summary.startswith(previous)
     assert summary.endswith("- User: Please add checked baggage, 23 kg.")
@@ -385,7 +418,7 @@ def test_offline_trims_previous_summary_from_the_oldest_part():
     previous = "\n".join(f"Fact {n}: invoice {1000 + n} is paid." for n in range(100))
     history = f"<summary-so-far>{previous}</summary-so-far><user>Refund 2 EUR to Bob.</user>"
 
-    summary = offline(max_tokens=80).summarize(prompt=PROMPT, history=history)
+    summary = offline(max_tokens=80).summarize(prompt=PROMPT, history=history, **CALL)
 
     assert count_text(summary) <= 80
     assert "Fact 0:" not in summary
@@ -413,7 +446,7 @@ def test_offline_reads_the_formatter_output():
     ]
     history = with_summary_so_far("Earlier: Ingrid is the customer.", format_messages(messages))
 
-    summary = offline().summarize(prompt=PROMPT, history=history)
+    summary = offline().summarize(prompt=PROMPT, history=history, **CALL)
 
     assert summary.splitlines() == [
         "Earlier: Ingrid is the customer.",
@@ -430,10 +463,10 @@ def test_offline_never_blank_and_within_budget(text, max_tokens):
     summarizer = offline(max_tokens)
     if not text.strip():
         with pytest.raises(SummarizerError):
-            summarizer.summarize(prompt=PROMPT, history=history)
+            summarizer.summarize(prompt=PROMPT, history=history, **CALL)
         return
 
-    summary = summarizer.summarize(prompt=PROMPT, history=history)
+    summary = summarizer.summarize(prompt=PROMPT, history=history, **CALL)
 
     assert summary.strip()
     assert count_text(summary) <= max_tokens
@@ -480,9 +513,9 @@ def test_get_summarizer_is_cached_and_rebuilt_on_override():
 def test_get_summarizer_keeps_the_openai_client(openai_server):
     options = {"base_url": openai_server.base_url, "api_key": "k"}
     with override_settings(CTXSUM={"SUMMARIZER": OPENAI_PATH, "SUMMARIZER_OPTIONS": options}):
-        get_summarizer().summarize(prompt=PROMPT, history=HISTORY)
+        get_summarizer().summarize(prompt=PROMPT, history=HISTORY, **CALL)
         client = get_summarizer().client
-        get_summarizer().summarize(prompt=PROMPT, history=HISTORY)
+        get_summarizer().summarize(prompt=PROMPT, history=HISTORY, **CALL)
 
         assert get_summarizer().client is client
     assert len(openai_server.requests) == 2
@@ -501,12 +534,18 @@ def test_check_passes_a_good_configuration():
     assert summarizer.check() == []
 
 
-def test_check_blank_model_is_an_error():
-    summarizer = OpenAISummarizer(model=" ", timeout=60, max_tokens=100, options={"api_key": "k"})
+def test_check_blank_model_is_fine_it_means_the_conversations_model():
+    summarizer = OpenAISummarizer(model="", timeout=60, max_tokens=100, options={"api_key": "k"})
 
-    [error] = summarizer.check()
-    assert error.id == E_BLANK_MODEL == "ctxsum.E010"
-    assert error.is_serious()
+    assert summarizer.check() == []
+
+
+def test_check_unknown_max_tokens_param_is_an_error():
+    options = {"api_key": "k", "max_tokens_param": "max_output_tokens"}
+
+    ids = check_ids(OpenAISummarizer(model="m", timeout=60, max_tokens=100, options=options))
+
+    assert ids == [E_BAD_OPTION]
 
 
 def test_check_no_key_and_no_base_url_is_a_warning(monkeypatch):

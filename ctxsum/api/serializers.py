@@ -11,7 +11,7 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, Message, Summary
 
 UNKNOWN_FIELD = "Unknown field."
-POLICY_KEYS = ("trigger", "keep")
+POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
 
 
 class StrictSerializer(serializers.Serializer):
@@ -37,12 +37,14 @@ class StringField(serializers.CharField):
 
 
 class PolicyField(serializers.JSONField):
-    """``{"trigger": {...} or null, "keep": {...} or null}``; the rules are checked by the
-    service against the settings' defaults."""
+    """``{"trigger": {...} or null, "keep": {...} or null, "max_context_tokens": N or null}``;
+    the rules are checked by the service against the settings' defaults."""
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict):
-            raise serializers.ValidationError("Must be an object with trigger and/or keep.")
+            raise serializers.ValidationError(
+                "Must be an object with trigger, keep and/or max_context_tokens."
+            )
         unknown = sorted(set(data) - set(POLICY_KEYS))
         if unknown:
             raise serializers.ValidationError(f"Unknown key(s): {', '.join(unknown)}.")
@@ -70,6 +72,9 @@ def effective_policy(conversation: Conversation) -> dict[str, Any]:
     return {
         "trigger": conversation.trigger or ctxsum_settings.TRIGGER,
         "keep": conversation.keep or ctxsum_settings.KEEP,
+        "max_context_tokens": (
+            conversation.max_context_tokens or ctxsum_settings.MAX_CONTEXT_TOKENS
+        ),
     }
 
 
@@ -96,7 +101,11 @@ class ConversationSerializer(serializers.ModelSerializer):
         ]
 
     def get_policy(self, conversation: Conversation) -> dict[str, Any]:
-        return {"trigger": conversation.trigger, "keep": conversation.keep}
+        return {
+            "trigger": conversation.trigger,
+            "keep": conversation.keep,
+            "max_context_tokens": conversation.max_context_tokens,
+        }
 
     def get_effective_policy(self, conversation: Conversation) -> dict[str, Any]:
         return effective_policy(conversation)

@@ -7,13 +7,9 @@ app_name = "ctxsum"
 urlpatterns = [
     path("", views.ApiRoot.as_view(), name="api-root"),
     path("conversations/", views.ConversationList.as_view(), name="conversation-list"),
-    path(
-        "conversations/<str:pk>/", views.ConversationDetail.as_view(), name="conversation-detail"
-    ),
+    path("conversations/<str:pk>/", views.ConversationDetail.as_view(), name="conversation-detail"),
     path("conversations/<str:pk>/messages/", views.MessageList.as_view(), name="message-list"),
     path("conversations/<str:pk>/context/", views.ContextDetail.as_view(), name="context"),
-    path(
-        "conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"
-    ),
+    path("conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"),
     path("conversations/<str:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
 ]

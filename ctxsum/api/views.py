@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -17,6 +18,7 @@ from rest_framework.reverse import reverse
 
 from ctxsum import selectors, services
 from ctxsum.api.serializers import (
+    POLICY_KEYS,
     CompactSerializer,
     ConversationCreateSerializer,
     ConversationSerializer,
@@ -28,11 +30,7 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, SummarizerError, TooLarge
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason
-from ctxsum.services.compaction import (
-    CompactionResult,
-    conversation_autocompact,
-    conversation_compact,
-)
+from ctxsum.services.compaction import CompactionResult, conversation_compact, failure_reason
 
 CONVERSATION_NOT_FOUND = "No such conversation."
 BODY_TOO_LARGE = "The request body is {size} bytes; the limit is {limit} bytes."
@@ -49,6 +47,10 @@ class SummarizerFailed(exceptions.APIException):
     status_code = status.HTTP_502_BAD_GATEWAY
     default_detail = "The summarizer failed; nothing was changed."
     default_code = "summarizer_error"
+
+    def __init__(self, detail: str, *, reason: Reason) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 class Pagination(PageNumberPagination):
@@ -93,6 +95,9 @@ class CtxsumView(GenericAPIView):
         response = super().handle_exception(exc)
         if isinstance(exc, PayloadTooLarge | SummarizerFailed):
             response.data = {"detail": str(exc.detail), "code": exc.default_code}
+        if isinstance(exc, SummarizerFailed):
+            # summarizer_error, or summary_truncated for an answer cut off at its limit.
+            response.data["reason"] = str(exc.reason)
         return response
 
     def get_conversation(self) -> Conversation:
@@ -104,9 +109,9 @@ class CtxsumView(GenericAPIView):
 
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:
-    """The service names ``trigger``/``keep``; over REST they live under ``policy``."""
+    """The service names ``trigger``/``keep``/…; over REST they live under ``policy``."""
     errors = dict(error.message_dict)
-    nested = {key: errors.pop(key) for key in ("trigger", "keep") if key in errors}
+    nested = {key: errors.pop(key) for key in POLICY_KEYS if key in errors}
     if nested:
         errors["policy"] = nested
     return exceptions.ValidationError(errors)
@@ -114,14 +119,12 @@ def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationEr
 
 def _policy_fields(data: dict[str, Any]) -> dict[str, Any]:
     policy = data.pop("policy", None) or {}
-    return {key: policy[key] for key in ("trigger", "keep") if key in policy}
+    return {key: policy[key] for key in POLICY_KEYS if key in policy}
 
 
 class ApiRoot(CtxsumView):
     def get(self, request: Request) -> Response:
-        return Response(
-            {"conversations": reverse("ctxsum:conversation-list", request=request)}
-        )
+        return Response({"conversations": reverse("ctxsum:conversation-list", request=request)})
 
 
 class ConversationList(CtxsumView):
@@ -190,17 +193,15 @@ class MessageList(CtxsumView):
             unknown = sorted(set(body) - {"messages"})
             raise exceptions.ValidationError({field: ["Unknown field."] for field in unknown})
         try:
-            rows = services.message_append(
+            appended = services.message_append(
                 conversation=conversation, messages=body["messages"] if batch else [body]
             )
         except MessagesInvalid as error:
             detail = {"messages": error.per_message} if batch else error.per_message[0]
             raise exceptions.ValidationError(detail) from error
-        data: dict[str, Any] = {"messages": [message_data(row) for row in rows]}
-        # After the append has committed: a failed compaction never undoes it.
-        compaction = conversation_autocompact(conversation=conversation)
-        if compaction is not None:
-            data["compaction"] = compaction
+        data: dict[str, Any] = {"messages": [message_data(row) for row in appended.messages]}
+        if appended.compaction is not None:
+            data["compaction"] = asdict(appended.compaction)
         return Response(data, status=status.HTTP_201_CREATED)
 
 
@@ -216,6 +217,7 @@ def context_data(context: selectors.ActiveContext) -> dict[str, Any]:
         "token_count": context.token_count,
         "summary": summary_data(context.summary),
         "revision": context.revision,
+        "over_max_context_tokens": context.over_max_context_tokens,
     }
 
 
@@ -227,7 +229,9 @@ class ConversationCompact(CtxsumView):
         try:
             result = conversation_compact(conversation=conversation, **serializer.validated_data)
         except SummarizerError as error:
-            raise SummarizerFailed(f"{SummarizerFailed.default_detail} {error}") from error
+            raise SummarizerFailed(
+                f"{SummarizerFailed.default_detail} {error}", reason=failure_reason(error)
+            ) from error
         return Response(compaction_data(result))
 
 
@@ -235,6 +239,7 @@ def compaction_data(result: CompactionResult) -> dict[str, Any]:
     data: dict[str, Any] = {
         "compacted": result.compacted,
         "reason": str(result.reason),
+        "over_trigger": result.over_trigger,
         "summary": summary_data(result.summary),
         "context": context_data(result.context),
     }

@@ -22,16 +22,20 @@ from ctxsum.services.messages import (
 
 SYSTEM_TYPE = "Must be a string."
 SYSTEM_AND_LEADING = "Give the system prompt either as `system` or as a leading system message."
-UPDATABLE = ("title", "metadata", "model", "trigger", "keep")
+UPDATABLE = ("title", "metadata", "model", "trigger", "keep", "max_context_tokens")
+POLICY_FIELDS = ("trigger", "keep", "max_context_tokens")
 
 
-def policy_clean(*, trigger: Any, keep: Any) -> None:
+def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> None:
     """Check a conversation's policy overrides against each other and the defaults; raise
     ValidationError naming the field."""
     try:
         policy_rules.parse_policy(
             ctxsum_settings.TRIGGER if trigger is None else trigger,
             ctxsum_settings.KEEP if keep is None else keep,
+            ctxsum_settings.MAX_CONTEXT_TOKENS
+            if max_context_tokens is None
+            else max_context_tokens,
         )
     except policy_rules.PolicyError as error:
         raise ValidationError({error.field: [str(error)]}) from error
@@ -52,11 +56,12 @@ def conversation_create(
     model: str = "",
     trigger: Mapping[str, int] | None = None,
     keep: Mapping[str, int] | None = None,
+    max_context_tokens: int | None = None,
     messages: Sequence[Any] | None = None,
 ) -> Conversation:
     """Create a conversation, with its system prompt and first messages if given, in one
-    transaction: all or nothing."""
-    policy_clean(trigger=trigger, keep=keep)
+    transaction: all or nothing. No automatic compaction follows (an append's does)."""
+    policy_clean(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     batch = list(messages or [])
     leading: list[dict[str, Any]] = []
     if system is not None:
@@ -70,6 +75,7 @@ def conversation_create(
         model=model,
         trigger=trigger,
         keep=keep,
+        max_context_tokens=max_context_tokens,
     )
     # The client's messages are checked on their own, so errors carry the indices it sent.
     cleaned = messages_clean(batch) if batch else []
@@ -118,12 +124,11 @@ def conversation_update(
         raise TypeError(f"conversation_update() got unexpected fields {sorted(unknown)}")
     with transaction.atomic():
         locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        if "trigger" in fields or "keep" in fields:
-            # Checked against the locked row: a concurrent change of the other half of the
+        if any(name in fields for name in POLICY_FIELDS):
+            # Checked against the locked row: a concurrent change of another part of the
             # policy must not slip in between check and write.
             policy_clean(
-                trigger=fields.get("trigger", locked.trigger),
-                keep=fields.get("keep", locked.keep),
+                **{name: fields.get(name, getattr(locked, name)) for name in POLICY_FIELDS}
             )
         changed = [field for field, value in fields.items() if getattr(locked, field) != value]
         for field in changed:
@@ -138,6 +143,11 @@ def conversation_update(
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
-    """Delete a conversation with its messages, summaries and attempts."""
+    """Delete a conversation with its messages, summaries and attempts.
+
+    The row lock comes first: an append or a compaction commit in flight finishes before
+    the delete collects the rows, and any that comes after finds the conversation gone."""
     with transaction.atomic():
-        Conversation.objects.filter(pk=conversation.pk).delete()
+        locked = Conversation.objects.select_for_update().filter(pk=conversation.pk)
+        if locked.exists():
+            locked.delete()

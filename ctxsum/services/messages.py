@@ -4,6 +4,7 @@ conversation row to hand out gapless ``seq`` numbers and keep the counters exact
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -14,6 +15,7 @@ from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, TooLarge
 from ctxsum.models import Conversation, Message, ToolCall
+from ctxsum.services.compaction import AutoCompaction, conversation_autocompact
 from ctxsum.signals import messages_appended
 from ctxsum.validation import (
     EXTRA_FIELDS,
@@ -144,11 +146,22 @@ def messages_store(conversation: Conversation, rows: list[Message]) -> list[Mess
     return rows
 
 
-def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> list[Message]:
-    """Append one or many messages, all or none, and return the stored rows.
+@dataclass(frozen=True)
+class Appended:
+    """What an append stored, and what the automatic compaction after it did (None when
+    AUTO_COMPACT is off)."""
 
-    Raises ValidationError naming every bad field, or TooLarge; nothing is stored then.
-    ``conversation`` is refreshed with the new counters.
+    messages: list[Message]
+    compaction: AutoCompaction | None = None
+
+
+def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> Appended:
+    """Append one or many messages, all or none; then, once that has committed, compact
+    if AUTO_COMPACT is on and the trigger is reached.
+
+    Raises ValidationError naming every bad field, or TooLarge; nothing is stored then. A
+    failed automatic compaction never undoes the append: it is reported in the result.
+    ``conversation`` is refreshed with the new counters of the append.
     """
     cleaned = messages_clean(list(messages))
     counts = messages_count(conversation, cleaned)
@@ -157,10 +170,10 @@ def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> li
         tool_results_check(locked, cleaned)
         rows = messages_store(locked, message_rows(locked, cleaned, counts))
         transaction.on_commit(
-            lambda: messages_appended.send(sender=Conversation, conversation=locked, messages=rows)
+            partial(messages_appended.send, sender=Conversation, conversation=locked, messages=rows)
         )
     _copy_counters(locked, conversation)
-    return rows
+    return Appended(rows, conversation_autocompact(conversation=locked))
 
 
 def _copy_counters(source: Conversation, target: Conversation) -> None:

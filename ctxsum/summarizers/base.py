@@ -45,9 +45,12 @@ class Summarizer(ABC):
         self.options: dict[str, Any] = dict(options or {})
 
     @abstractmethod
-    def summarize(self, *, prompt: str, history: str) -> str:
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
         """Summarize ``history`` (one user message) following ``prompt`` (the system
-        instruction); return the summary stripped, or raise ``SummarizerError``."""
+        instruction, which already states the length budget) with ``model``; return the
+        summary stripped, or raise ``SummarizerError`` (``SummaryTruncated`` for an answer
+        cut off at ``max_tokens``). ``budget`` is the length asked for, in tokens: the
+        answer may exceed it, never ``max_tokens``."""
 
     def check(self) -> list[checks.CheckMessage]:
         """Configuration problems, reported through Django's system checks."""

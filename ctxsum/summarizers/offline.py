@@ -88,7 +88,7 @@ class OfflineSummarizer(Summarizer):
     It parses the formatted history (role tags, tool calls and results, an optional
     ``<summary-so-far>``) and keeps, in order, the sentences that carry names, numbers,
     dates, identifiers or decisions, and every tool call with short arguments. A previous
-    summary is kept and the new facts appended; when over ``max_tokens`` the oldest lines go
+    summary is kept and the new facts appended; when over the budget the oldest lines go
     first. If no sentence qualifies, the first sentence of each user message is kept, so a
     non-blank history never yields a blank summary. The prompt is ignored, and so are options.
     """
@@ -96,21 +96,21 @@ class OfflineSummarizer(Summarizer):
     requires_network: ClassVar[bool] = False
     deterministic: ClassVar[bool] = True
 
-    def summarize(self, *, prompt: str, history: str) -> str:
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
         self.require_history(history)
         previous, blocks = _parse(history)
         units = _previous_units(previous) + _fact_units(blocks)
         if not units:
             raise SummarizerError(BLANK_INPUT)
-        return self._fit(units, max(int(self.max_tokens), 1))
+        return self._fit(units, max(min(int(budget), int(self.max_tokens)), 1), model)
 
-    def _fit(self, units: list[_Unit], budget: int) -> str:
+    def _fit(self, units: list[_Unit], budget: int, model: str) -> str:
         """Render the newest units that fit in ``budget`` tokens, dropping the oldest first."""
         costs = []
         for index, unit in enumerate(units):
-            cost = count_text(unit.text, model=self.model) + 1
+            cost = count_text(unit.text, model=model) + 1
             if index == 0 or units[index - 1].group != unit.group:
-                cost += count_text(unit.prefix, model=self.model)
+                cost += count_text(unit.prefix, model=model)
             costs.append(cost)
         start, total = 0, sum(costs)
         while total > budget and start < len(units) - 1:
@@ -118,19 +118,19 @@ class OfflineSummarizer(Summarizer):
             start += 1
         # The estimate ignores tokenizer merges across joins: confirm on the real text.
         text = _render(units[start:])
-        while count_text(text, model=self.model) > budget and start < len(units) - 1:
+        while count_text(text, model=model) > budget and start < len(units) - 1:
             start += 1
             text = _render(units[start:])
-        if count_text(text, model=self.model) > budget:
-            text = self._truncate(text, budget)
+        if count_text(text, model=model) > budget:
+            text = self._truncate(text, budget, model)
         return text.strip()
 
-    def _truncate(self, text: str, budget: int) -> str:
-        encoding = encoding_for(self.model)
+    def _truncate(self, text: str, budget: int, model: str) -> str:
+        encoding = encoding_for(model)
         tokens = encoding.encode(text, disallowed_special=())
         for keep in range(budget - 1, 0, -1):
             candidate = encoding.decode(tokens[:keep]).rstrip().rstrip("\ufffd") + "…"
-            if candidate.strip("…") and count_text(candidate, model=self.model) <= budget:
+            if candidate.strip("…") and count_text(candidate, model=model) <= budget:
                 return candidate
         return encoding.decode(tokens[:budget]) or text[:1]
 

@@ -6,7 +6,6 @@ else that speaks ``POST /v1/chat/completions``. This is the only module importin
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -16,12 +15,13 @@ from typing import Any, ClassVar
 import openai
 from django.core import checks
 
-from ctxsum.exceptions import SummarizerError
+from ctxsum.exceptions import SummarizerError, SummaryTruncated
 from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer
 
-logger = logging.getLogger("ctxsum.summarizers")
-
-OPTIONS = frozenset({"base_url", "api_key", "temperature", "extra_body"})
+OPTIONS = frozenset({"base_url", "api_key", "temperature", "extra_body", "max_tokens_param"})
+# How the request names the answer's token cap: current OpenAI models take only
+# max_completion_tokens; some older OpenAI-compatible servers only max_tokens.
+MAX_TOKENS_PARAMS = ("max_completion_tokens", "max_tokens")
 # Local servers (vLLM, Ollama, llama.cpp) ignore the key, but the client insists on one.
 PLACEHOLDER_API_KEY = "not-needed"
 
@@ -33,11 +33,13 @@ NO_CHOICES = "The summarizer returned no choices."
 NO_MESSAGE = "The summarizer returned a choice without a message."
 CLIENT_FAILED = "The OpenAI client could not be created."
 CALL_FAILED = "The summarizer call failed."
+TRUNCATED = (
+    "The summary was cut off at {max_tokens} tokens (finish_reason: length); raise "
+    "SUMMARY_MAX_TOKENS."
+)
 
-E_BLANK_MODEL = "ctxsum.E010"
 E_BAD_OPTION = "ctxsum.E012"
 W_NO_CREDENTIALS = "ctxsum.W010"
-BLANK_MODEL = "SUMMARY_MODEL is blank: the OpenAI summarizer needs a model name."
 BAD_OPTION = "SUMMARIZER_OPTIONS[{name!r}] must be {expected}."
 NO_CREDENTIALS = "The OpenAI summarizer has no API key and no base URL."
 
@@ -46,6 +48,7 @@ _OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "api_key": ((str,), "a string"),
     "temperature": ((Real,), "a number"),
     "extra_body": ((Mapping,), "a dict"),
+    "max_tokens_param": ((str,), "a string"),
 }
 _DETAIL_CHARS = 200
 
@@ -55,7 +58,9 @@ class OpenAISummarizer(Summarizer):
     message, the history as one user message. The client's own retries are off: one attempt.
 
     Options: ``base_url`` and ``api_key`` (default: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``),
-    ``temperature``, ``extra_body`` (extra JSON fields, e.g. for vLLM).
+    ``temperature``, ``extra_body`` (extra JSON fields, e.g. for vLLM), ``max_tokens_param``
+    (``"max_completion_tokens"``, the default, or ``"max_tokens"`` for servers that only
+    take that).
     """
 
     requires_network: ClassVar[bool] = True
@@ -96,22 +101,22 @@ class OpenAISummarizer(Summarizer):
         except openai.OpenAIError as exc:
             raise SummarizerError(f"{CLIENT_FAILED} {exc}", cause=exc) from exc
 
-    def summarize(self, *, prompt: str, history: str) -> str:
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
         self.require_history(history)
         client = self.client
-        extra: dict[str, Any] = {}
+        limit = self.options.get("max_tokens_param") or MAX_TOKENS_PARAMS[0]
+        extra: dict[str, Any] = {limit: self.max_tokens}
         if self.options.get("temperature") is not None:
             extra["temperature"] = self.options["temperature"]
         if self.options.get("extra_body"):
             extra["extra_body"] = dict(self.options["extra_body"])
         try:
             response = client.chat.completions.create(
-                model=self.model,
+                model=model,
                 messages=[
                     {"role": "system", "content": prompt},
                     {"role": "user", "content": history},
                 ],
-                max_tokens=self.max_tokens,
                 **extra,
             )
         # APITimeoutError is an APIConnectionError: it must come first.
@@ -130,20 +135,11 @@ class OpenAISummarizer(Summarizer):
             raise SummarizerError(MALFORMED_RESPONSE, cause=exc) from exc
         except openai.OpenAIError as exc:
             raise SummarizerError(f"{CALL_FAILED} {exc}", cause=exc) from exc
-        return _summary_text(response)
+        return _summary_text(response, max_tokens=self.max_tokens)
 
     def check(self) -> list[checks.CheckMessage]:
         errors: list[checks.CheckMessage] = []
         obj = self.dotted_path()
-        if not isinstance(self.model, str) or not self.model.strip():
-            errors.append(
-                checks.Error(
-                    BLANK_MODEL,
-                    hint='Set CTXSUM["SUMMARY_MODEL"], e.g. "gpt-4o-mini".',
-                    obj=obj,
-                    id=E_BLANK_MODEL,
-                )
-            )
         errors.extend(self.unknown_options(OPTIONS))
         for name, (types, expected) in _OPTION_TYPES.items():
             value = self.options.get(name)
@@ -153,6 +149,16 @@ class OpenAISummarizer(Summarizer):
                         BAD_OPTION.format(name=name, expected=expected), obj=obj, id=E_BAD_OPTION
                     )
                 )
+        param = self.options.get("max_tokens_param")
+        if isinstance(param, str) and param not in MAX_TOKENS_PARAMS:
+            expected = " or ".join(repr(name) for name in MAX_TOKENS_PARAMS)
+            errors.append(
+                checks.Error(
+                    BAD_OPTION.format(name="max_tokens_param", expected=expected),
+                    obj=obj,
+                    id=E_BAD_OPTION,
+                )
+            )
         has_key = self.options.get("api_key") or os.environ.get("OPENAI_API_KEY")
         has_base_url = self.options.get("base_url") or os.environ.get("OPENAI_BASE_URL")
         if not has_key and not has_base_url:
@@ -174,8 +180,9 @@ class MalformedResponse(ValueError):
     """What exactly was wrong with a response that parsed: the ``cause`` of the error."""
 
 
-def _summary_text(response: Any) -> str:
-    """The stripped content of the first choice; anything else is an error.
+def _summary_text(response: Any, *, max_tokens: int) -> str:
+    """The stripped content of the first choice; anything else, a reply cut off at
+    ``max_tokens`` included, is an error.
 
     The client does not validate responses: a non-JSON body with a non-JSON content type
     comes back as a ``str``, a JSON ``null`` as ``None``, missing fields as missing attributes.
@@ -195,6 +202,9 @@ def _summary_text(response: Any) -> str:
     message = getattr(choice, "message", None)
     if message is None:
         raise fail(NO_MESSAGE, f"The first choice has no message: {choice!r:.200}")
+    if getattr(choice, "finish_reason", None) == "length":
+        # A reasoning model may even spend the whole cap before writing anything.
+        raise SummaryTruncated(TRUNCATED.format(max_tokens=max_tokens))
     content = getattr(message, "content", None)
     if not isinstance(content, str) or not content.strip():
         refusal = getattr(message, "refusal", None)
@@ -202,8 +212,6 @@ def _summary_text(response: Any) -> str:
         if refusal:
             detail += f", refusal: {refusal!r:.200}"
         raise fail(BLANK_SUMMARY, detail)
-    if getattr(choice, "finish_reason", None) == "length":
-        logger.warning("The summary was cut off at max_tokens; consider raising it.")
     return content.strip()
 
 
