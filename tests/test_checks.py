@@ -82,10 +82,28 @@ def test_keep_not_below_trigger(trigger, keep) -> None:
     assert ctxsum_ids(TRIGGER=trigger, KEEP=keep) == ["ctxsum.E004"]
 
 
-@pytest.mark.parametrize(("trigger", "keep", "ids"), [(5, 3, ["ctxsum.W002"]), (5, 2, [])])
-def test_kept_tail_that_always_reaches_the_trigger_warns(trigger, keep, ids) -> None:
+@pytest.mark.parametrize(("trigger", "keep", "ids"), [(5, 3, ["ctxsum.E004"]), (5, 2, [])])
+def test_kept_tail_that_always_reaches_the_trigger_is_an_error(trigger, keep, ids) -> None:
     # System message + summary + kept tail: 1 + 1 + 3 = 5 reaches a trigger of 5.
     assert ctxsum_ids(TRIGGER={"messages": trigger}, KEEP={"messages": keep}) == ids
+
+
+@pytest.mark.parametrize(
+    ("settings_", "ids"),
+    [
+        ({"TARGET_RATIO": 0}, ["ctxsum.E009"]),
+        ({"TARGET_RATIO": 1}, ["ctxsum.E009"]),
+        ({"TARGET_RATIO": "0.5"}, ["ctxsum.E009"]),
+        ({"TARGET_RATIO": 0.3}, []),
+        ({"MAX_CONTEXT_TOKENS": 0}, ["ctxsum.E005"]),
+        ({"MAX_CONTEXT_TOKENS": 8000}, []),
+        ({"LEASE_SECONDS": -1}, ["ctxsum.E005"]),
+        ({"LEASE_SECONDS": 30, "SUMMARY_TIMEOUT": 60}, ["ctxsum.W003"]),
+        ({"LEASE_SECONDS": 90, "SUMMARY_TIMEOUT": 60}, []),
+    ],
+)
+def test_ratio_ceiling_and_lease_settings(settings_, ids) -> None:
+    assert ctxsum_ids(**settings_) == ids
 
 
 def test_keep_in_another_unit_than_the_trigger_is_fine() -> None:

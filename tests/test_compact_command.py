@@ -13,6 +13,12 @@ from ctxsum.models import Conversation, Summary
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _short_summaries(settings):
+    # A summary smaller than the few short turns it replaces (else: no_gain, by design).
+    settings.CTXSUM = {"SUMMARIZER": "tests.backends.HookSummarizer"}
+
+
 def _conversation(owner, count, **policy):
     conversation = services.conversation_create(owner=owner, system="Sys", **policy)
     services.message_append(

@@ -86,6 +86,7 @@ def test_create_with_everything(api, user) -> None:
     assert data["policy"] == {
         "trigger": {"messages": 40, "tokens": 9000},
         "keep": {"tokens": 2000},
+        "max_context_tokens": None,
     }
     assert data["summary"] is None
     expected_context = [{"role": "system", "content": "You plan trips."}, *messages]
@@ -119,10 +120,11 @@ def test_create_empty(api) -> None:
     assert response.status_code == 201, response.content
     data = response.json()
     assert data["system"] is None and data["title"] == "" and data["metadata"] == {}
-    assert data["policy"] == {"trigger": None, "keep": None}
+    assert data["policy"] == {"trigger": None, "keep": None, "max_context_tokens": None}
     assert data["effective_policy"] == {
         "trigger": ctxsum_settings.TRIGGER,
         "keep": ctxsum_settings.KEEP,
+        "max_context_tokens": ctxsum_settings.MAX_CONTEXT_TOKENS,
     }
     assert data["stats"]["message_count"] == 0
     context = api.get(context_url(data["id"])).json()
@@ -219,7 +221,11 @@ def test_patch_title_metadata_model_policy(api, user) -> None:
     assert response.status_code == 200, response.content
     data = response.json()
     assert (data["title"], data["metadata"], data["model"]) == ("new", {"b": 2}, "gpt-4")
-    assert data["policy"] == {"trigger": {"messages": 30}, "keep": {"messages": 5}}
+    assert data["policy"] == {
+        "trigger": {"messages": 30},
+        "keep": {"messages": 5},
+        "max_context_tokens": None,
+    }
     assert data["effective_policy"] == data["policy"]
     assert data["revision"] > revision
     conversation.refresh_from_db()
@@ -234,7 +240,7 @@ def test_patch_title_metadata_model_policy(api, user) -> None:
     response = api.patch(detail_url(conversation.pk), {"policy": {"trigger": None}}, format="json")
     assert response.status_code == 200, response.content
     data = response.json()
-    assert data["policy"] == {"trigger": None, "keep": {"messages": 5}}
+    assert data["policy"] == {"trigger": None, "keep": {"messages": 5}, "max_context_tokens": None}
     assert data["effective_policy"]["trigger"] == ctxsum_settings.TRIGGER
 
 
@@ -435,7 +441,14 @@ def test_context_is_plain_openai_messages(api, user) -> None:
         messages=[{"role": "user", "name": "bob", "content": "q"}, CALL, RESULT],
     )
     data = api.get(context_url(conversation.pk)).json()
-    assert set(data) == {"messages", "token_count", "summary", "revision"}
+    assert set(data) == {
+        "messages",
+        "token_count",
+        "summary",
+        "revision",
+        "over_max_context_tokens",
+    }
+    assert data["over_max_context_tokens"] is False
     assert data["summary"] is None
     assert data["messages"] == [
         {"role": "system", "content": "Sys."},

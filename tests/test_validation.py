@@ -641,11 +641,40 @@ def test_patch_keep_checked_against_the_stored_trigger(api, user) -> None:
     )
     assert_400_naming(response, "policy")
     assert snapshot(conversation) == before
+    # Keep plus the system message and the summary must stay below the trigger.
     response = api.patch(
-        detail_url(conversation), {"policy": {"keep": {"messages": 19}}}, format="json"
+        detail_url(conversation), {"policy": {"keep": {"messages": 18}}}, format="json"
+    )
+    assert_400_naming(response, "policy")
+    assert "Keep at most 17 messages" in str(response.json())
+    assert snapshot(conversation) == before
+    response = api.patch(
+        detail_url(conversation), {"policy": {"keep": {"messages": 17}}}, format="json"
     )
     assert response.status_code == 200
-    assert response.json()["policy"] == {"trigger": {"messages": 20}, "keep": {"messages": 19}}
+    assert response.json()["policy"] == {
+        "trigger": {"messages": 20},
+        "keep": {"messages": 17},
+        "max_context_tokens": None,
+    }
+
+
+def test_max_context_tokens_is_checked_and_stored(api, user) -> None:
+    conversation = conversation_create(owner=user)
+    before = snapshot(conversation)
+    for bad in (0, -5, "800", 1.5, True, {"tokens": 800}):
+        response = api.patch(
+            detail_url(conversation), {"policy": {"max_context_tokens": bad}}, format="json"
+        )
+        assert_400_naming(response, "policy")
+        assert "max_context_tokens" in response.json()["policy"]
+        assert snapshot(conversation) == before
+    response = api.patch(
+        detail_url(conversation), {"policy": {"max_context_tokens": 800}}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["policy"]["max_context_tokens"] == 800
+    assert response.json()["effective_policy"]["max_context_tokens"] == 800
 
 
 @pytest.mark.parametrize("metadata", ["tag", 5, ["a"], None])
