@@ -12,8 +12,7 @@ from ctxsum import selectors, services, signals
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
-from ctxsum.policy import Reason
-from ctxsum.policy import MIN_SUMMARY_BUDGET
+from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason
 from ctxsum.selectors import summary_message
 from ctxsum.services.compaction import conversation_compact, lease_seconds, prompt_sha256
 from ctxsum.tokens import context_tokens, count_message
@@ -190,11 +189,8 @@ def test_huge_context_compacts_below_its_trigger_keeping_fewer_than_keep(user, h
     conversation = services.conversation_create(
         owner=user, system="You are terse.", trigger={"tokens": 1000}, keep={"messages": 10}
     )
-    words = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do".split()
-    batch = [
-        {"role": ("user", "assistant")[index % 2], "content": " ".join(words * 10)}
-        for index in range(130)
-    ]
+    text = " ".join(["lorem ipsum dolor sit amet consectetur adipiscing elit sed do"] * 10)
+    batch = [{"role": ("user", "assistant")[index % 2], "content": text} for index in range(130)]
     services.message_append(conversation=conversation, messages=batch)
     before = selectors.context_get(conversation=conversation).token_count
     assert before > 13_000
