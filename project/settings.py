@@ -16,6 +16,8 @@ env = environ.Env(
     DEBUG=(bool, True),
     ALLOWED_HOSTS=(list, ["127.0.0.1", "localhost", "testserver"]),
     CTXSUM_SUMMARY_TIMEOUT=(float, 60.0),
+    # Unset: the lease lasts one summarizer call (CTXSUM_SUMMARY_TIMEOUT + 5 s).
+    CTXSUM_LEASE_SECONDS=(float, None),
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
@@ -100,4 +102,5 @@ CTXSUM = {
     "SUMMARY_MODEL": env("CTXSUM_SUMMARY_MODEL", default="gpt-4o-mini"),
     "DEFAULT_MODEL": env("CTXSUM_CHAT_MODEL", default="gpt-4o"),
     "SUMMARY_TIMEOUT": env("CTXSUM_SUMMARY_TIMEOUT"),
+    "LEASE_SECONDS": env("CTXSUM_LEASE_SECONDS"),
 }
