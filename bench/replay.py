@@ -4,14 +4,20 @@
 Every conversation gets a small policy (trigger at 12 messages, keep 6) and the offline
 summarizer (deterministic, no network). Each original message is appended on its own with
 ``message_append`` and ``conversation_compact`` is called after every append. The script
-reports how much smaller the active context is than the full history, how many SQL queries a
-compaction takes (and that the archiving is one UPDATE whatever the number of messages), and
-how long appends and compactions take.
+reports what the compact calls did (per reason: ``compacted``, ``below_trigger``,
+``no_gain`` …, and how many ended ``over_trigger``), how much smaller the active context is
+than the full history (and how many steps it was larger: none, since a summary that is not
+smaller than what it replaces is not committed), how many SQL queries a compaction takes
+(and that the archiving is one UPDATE whatever the number of messages), and how long appends
+and compactions take.
 
-``--check`` runs the context invariants (tests/invariants.py) after every step and stops at
-the first violation with exit status 1, naming the conversation and the step. Every
-compaction's summary metadata (prompt version and hash, model, covered range, previous
-version) is checked in any case. Exit status 0 means every step held.
+``--check`` runs the context invariants (tests/invariants.py) after every step, treats a
+context larger than the full history as a violation, and stops at the first violation with
+exit status 1, naming the conversation and the step. In any case every summarizer call
+(prompt with its length budget, model, budget), every compaction's summary metadata (prompt
+version and hash, model sent, covered range, previous version) and every ``no_gain`` skip
+(the summary really was not smaller; a range is not sent twice) are checked. Exit status 0
+means every step held.
 
     python bench/replay.py [--check] [--limit N] [--files NAME ...] [--data-dir DIR]
                            [--database-url [URL]] [--output PATH]
@@ -44,6 +50,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +75,11 @@ PROGRESS_SECONDS = 5.0
 BENCH_USER = "ctxsum-bench"  # + run id + job: each run's rows are its own
 FROM_ENVIRONMENT = "$DATABASE_URL"
 SQLITE_FAST = "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL"
+
+# What the engine must append to PROMPT for a compaction asked to fit in ``tokens``.
+LENGTH_BUDGET = "Keep the summary under {tokens} tokens (about {words} words)."
+COMPACTED = "compacted"
+NO_GAIN = "no_gain"
 
 MESSAGE_UPDATE = re.compile(r"""^\s*UPDATE\s+[`"]?ctxsum_message[`"]?\s""", re.IGNORECASE)
 
@@ -126,17 +138,110 @@ def invariant_checker() -> tuple[Checker, str]:
     return assert_context_invariants, str(INVARIANTS_FILE.relative_to(REPO_ROOT))
 
 
-def summary_problems(result: Any, *, version: int, leading: bool) -> list[str]:
+@dataclass(frozen=True)
+class SummarizerCall:
+    """What ``conversation_compact`` sent the summarizer in one call, and what came back."""
+
+    prompt: str
+    model: str
+    budget: int
+    text: str
+
+
+@contextmanager
+def summarizer_calls() -> Iterator[list[SummarizerCall]]:
+    """Record every call to the configured summarizer inside the block (the backend
+    instance ``get_summarizer()`` hands out, wrapped for the block's duration; blocks
+    nest)."""
+    from ctxsum.summarizers import get_summarizer
+
+    summarizer = get_summarizer()
+    calls: list[SummarizerCall] = []
+    original = summarizer.summarize
+
+    def summarize(*, prompt: str, history: str, model: str, budget: int) -> str:
+        text = original(prompt=prompt, history=history, model=model, budget=budget)
+        calls.append(SummarizerCall(prompt=prompt, model=model, budget=budget, text=text))
+        return text
+
+    wrapped = vars(summarizer).get("summarize")  # an outer block's wrapper, if any
+    summarizer.summarize = summarize  # type: ignore[method-assign]
+    try:
+        yield calls
+    finally:
+        if wrapped is None:
+            del summarizer.summarize
+        else:
+            summarizer.summarize = wrapped  # type: ignore[method-assign]
+
+
+def expected_model(conversation: Any) -> str:
+    """The model a summary of ``conversation`` must be written with (and stored under):
+    SUMMARY_MODEL, else the conversation's chat model, else DEFAULT_MODEL."""
+    from ctxsum.conf import ctxsum_settings
+
+    return ctxsum_settings.SUMMARY_MODEL or conversation.model or ctxsum_settings.DEFAULT_MODEL
+
+
+def expected_prompt(budget: int) -> str:
+    from ctxsum.conf import ctxsum_settings
+
+    budget_line = LENGTH_BUDGET.format(tokens=budget, words=budget * 3 // 4)
+    return f"{ctxsum_settings.PROMPT}\n\n{budget_line}"
+
+
+def call_problems(result: Any, calls: Sequence[SummarizerCall]) -> list[str]:
+    """What is wrong with the summarizer calls of a compaction that reached the summarizer:
+    each sent PROMPT plus the plan's length budget, the expected model, and that budget."""
+    if not calls:
+        return ["the summarizer was not called"]
+    budget = result.plan.summary_budget if result.plan is not None else None
+    model = expected_model(result.context.conversation)
+    problems = []
+    for call in calls:
+        if call.budget != budget:
+            problems.append(f"summarizer asked for {call.budget} tokens, the plan says {budget}")
+        if call.prompt != expected_prompt(call.budget):
+            problems.append("the prompt sent is not PROMPT + the length budget line")
+        if call.model != model:
+            problems.append(f"summarizer called with model {call.model!r}, expected {model!r}")
+    return problems
+
+
+def replaced_tokens(result: Any, version_before: Any) -> int:
+    """Tokens the compaction would replace: the archived messages and the summary that was
+    active before it (``version_before``, None when there was none)."""
+    archived = sum(row.token_count for row in result.archived or ())
+    return archived + (version_before.token_count if version_before is not None else 0)
+
+
+def summary_size(text: str, conversation: Any) -> int:
+    """Tokens of ``text`` as the summary message of the context."""
+    from ctxsum import tokens
+    from ctxsum.selectors import summary_message
+
+    return tokens.count_message(summary_message(text), model=conversation.model or None)
+
+
+def summary_problems(
+    result: Any,
+    *,
+    version: int,
+    leading: bool,
+    calls: Sequence[SummarizerCall] | None = None,
+    previous_summary: Any = None,
+) -> list[str]:
     """What is wrong with the summary a compaction left (empty when nothing is).
 
-    Version ``version``, the prompt version and the SHA-256 of the prompt in use, the
-    summarizer's model, a range that ends at the newest archived message and starts where
-    the first summary started, ``previous`` pointing at version N-1 (now inactive), and
-    exactly the archived messages linked to it.
+    Version ``version``, the prompt version and the SHA-256 of PROMPT (the setting, not the
+    prompt sent with its length budget), the model sent to the summarizer, a range that
+    ends at the newest archived message and starts where the first summary started,
+    ``previous`` pointing at version N-1 (now inactive), exactly the archived messages
+    linked to it, a size below what it replaced, and, with ``calls`` (what the summarizer
+    was sent), the prompt, model and budget of every call and the text of the last.
     """
     from ctxsum.conf import ctxsum_settings
     from ctxsum.models import CompactionAttempt, Message, Summary
-    from ctxsum.summarizers import get_summarizer
 
     if result.summary is None:
         return ["compacted without a summary"]
@@ -150,12 +255,27 @@ def summary_problems(result: Any, *, version: int, leading: bool) -> list[str]:
     prompt_hash = hashlib.sha256(ctxsum_settings.PROMPT.encode()).hexdigest()
     if summary.prompt_sha256 != prompt_hash:
         problems.append(f"prompt_sha256 {summary.prompt_sha256!r} is not the prompt's hash")
-    if not summary.model or summary.model != get_summarizer().model:
-        problems.append(f"model {summary.model!r}")
+    model = expected_model(result.context.conversation)
+    if not summary.model or summary.model != model:
+        problems.append(f"model {summary.model!r}, the summary is written with {model!r}")
+    if calls is not None:
+        problems += call_problems(result, calls)
+        if calls and calls[-1].model != summary.model:
+            problems.append(f"stored model {summary.model!r}, sent {calls[-1].model!r}")
+        if calls and calls[-1].text.strip() != summary.text:
+            problems.append("the stored text is not the summarizer's answer")
     if not summary.text.strip():
         problems.append("blank summary text")
     if not summary.active:
         problems.append("new summary is not active")
+    conversation = result.context.conversation
+    if summary.token_count != summary_size(summary.text, conversation):
+        problems.append(f"summary token_count {summary.token_count} is not its size")
+    replaced = replaced_tokens(result, previous_summary)
+    if summary.token_count >= replaced:
+        problems.append(
+            f"a {summary.token_count}-token summary replaced only {replaced} tokens (no gain)"
+        )
     if not archived:
         return [*problems, "compacted but archived nothing"]
     if archived != list(range(archived[0], archived[0] + len(archived))):
@@ -196,6 +316,68 @@ def summary_problems(result: Any, *, version: int, leading: bool) -> list[str]:
     return problems
 
 
+def no_gain_problems(
+    result: Any,
+    *,
+    calls: Sequence[SummarizerCall],
+    rejected: dict[int, int],
+    previous_summary: Any,
+) -> list[str]:
+    """What is wrong with a ``no_gain`` skip (empty when nothing is): a skipped attempt
+    recording the range; when the summarizer was called, a summary really not smaller than
+    the archived messages plus the previous summary, for a range not rejected before
+    (``rejected``: from_seq -> the furthest to_seq rejected, updated here); when it was
+    not, a range already rejected. Nothing was written either way."""
+    from ctxsum.models import CompactionAttempt, Summary
+
+    archived = [row.seq for row in result.archived or ()]
+    if not archived:
+        return ["no_gain without a range"]
+    first, last = archived[0], archived[-1]
+    problems = []
+    attempt = result.attempt
+    if (
+        attempt is None
+        or attempt.outcome != CompactionAttempt.Outcome.SKIPPED
+        or attempt.reason != NO_GAIN
+        or (attempt.from_seq, attempt.to_seq) != (first, last)
+        or attempt.summary_id is not None
+    ):
+        problems.append(f"no skipped 'no_gain' attempt recording {first}..{last}")
+    if result.summary is not None:
+        problems.append("no_gain returned a summary")
+    conversation = result.context.conversation
+    active = Summary.objects.filter(conversation=conversation, active=True).first()
+    if (active and active.pk) != (previous_summary and previous_summary.pk):
+        problems.append("no_gain changed the active summary")
+    seen = rejected.get(first, -1)
+    if calls:
+        problems += call_problems(result, calls)
+        if last <= seen:
+            problems.append(f"{first}..{last} sent again after no_gain up to {seen}")
+        size = summary_size(calls[-1].text.strip(), conversation)
+        replaced = replaced_tokens(result, previous_summary)
+        if size < replaced:
+            problems.append(f"a {size}-token summary of {replaced} tokens skipped as no_gain")
+        rejected[first] = max(seen, last)
+    elif last > seen:
+        problems.append(f"{first}..{last} skipped as no_gain without a summarizer call")
+    return problems
+
+
+def compaction_kind(*, version: int, archived: Sequence[Any], calls: Sequence[Any]) -> str:
+    """What decides which statements a compaction runs, not how many messages it archives:
+    a first summary or a later one (which deactivates its predecessor), whether the
+    archived range holds tool calls (one EXISTS for results that arrived meanwhile), and
+    summarizer calls past the first (one lease renewal each)."""
+    kind = "first" if version == 1 else "later"
+    if any(row.tool_calls for row in archived):
+        kind += ", tool calls archived"
+    if len(calls) > 1:
+        kind += f", {len(calls)} summarizer calls"
+    return kind
+
+
 def message_updates(queries: Sequence[Mapping[str, Any]]) -> int:
     """How many of the captured queries are UPDATEs of ctxsum_message."""
     return sum(1 for query in queries if MESSAGE_UPDATE.match(query["sql"]))
@@ -234,7 +416,18 @@ class ReplayStats:
     messages: int = 0
     compactions: int = 0
     per_file: dict[str, Counter] = field(default_factory=dict)
+    # Every compact call by its reason (compacted, below_trigger, no_gain, ...).
     reasons: Counter = field(default_factory=Counter)
+    # Compact calls whose context still reached the trigger afterwards, by reason.
+    over_trigger: Counter = field(default_factory=Counter)
+    # no_gain skips: after a summarizer call whose summary was not smaller / without a call
+    # (the same range, or a shorter one from the same start, was rejected before).
+    no_gain_summarized: int = 0
+    no_gain_not_sent: int = 0
+    summarizer_calls: int = 0
+    summary_budgets: list[int] = field(default_factory=list)
+    # Tokens of each committed summary as a context message / of what it replaced.
+    summary_ratios: list[float] = field(default_factory=list)
     # 1 - context tokens / full history tokens, at every step from REDUCTION_FROM_TURN on.
     reductions: list[float] = field(default_factory=list)
     final_reductions: list[float] = field(default_factory=list)
@@ -243,12 +436,14 @@ class ReplayStats:
     compaction_queries: list[int] = field(default_factory=list)
     compaction_message_updates: list[int] = field(default_factory=list)
     queries_by_archived: dict[int, Counter] = field(default_factory=dict)
-    queries_by_first: dict[str, Counter] = field(default_factory=dict)
-    noop_queries: Counter = field(default_factory=Counter)
+    # By what changes the statements a compaction runs (see compaction_kind).
+    queries_by_kind: dict[str, Counter] = field(default_factory=dict)
+    # Compact calls that compacted nothing: queries and seconds, by reason.
+    skipped_queries: dict[str, Counter] = field(default_factory=dict)
+    skipped_seconds: dict[str, list[float]] = field(default_factory=dict)
     append_queries: Counter = field(default_factory=Counter)
     append_seconds: list[float] = field(default_factory=list)
     compaction_seconds: list[float] = field(default_factory=list)
-    noop_seconds: list[float] = field(default_factory=list)
     check_seconds: float = 0.0
     max_active_messages: int = 0
     # Steps whose context costs more than sending the whole history would (all turns).
@@ -260,20 +455,27 @@ class ReplayStats:
             "conversations",
             "messages",
             "compactions",
+            "no_gain_summarized",
+            "no_gain_not_sent",
+            "summarizer_calls",
             "check_seconds",
             "context_over_history",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_active_messages = max(self.max_active_messages, other.max_active_messages)
-        for name in ("reasons", "noop_queries", "append_queries"):
+        for name in ("reasons", "over_trigger", "append_queries"):
             getattr(self, name).update(getattr(other, name))
-        for key, values in other.reductions_by_file.items():
-            self.reductions_by_file.setdefault(key, []).extend(values)
-        for name in ("per_file", "queries_by_archived", "queries_by_first"):
+        for name in ("reductions_by_file", "skipped_seconds"):
+            mine = getattr(self, name)
+            for key, values in getattr(other, name).items():
+                mine.setdefault(key, []).extend(values)
+        for name in ("per_file", "queries_by_archived", "queries_by_kind", "skipped_queries"):
             mine = getattr(self, name)
             for key, values in getattr(other, name).items():
                 mine.setdefault(key, Counter()).update(values)
         for name in (
+            "summary_budgets",
+            "summary_ratios",
             "reductions",
             "final_reductions",
             "archived",
@@ -281,7 +483,6 @@ class ReplayStats:
             "compaction_message_updates",
             "append_seconds",
             "compaction_seconds",
-            "noop_seconds",
         ):
             getattr(self, name).extend(getattr(other, name))
 
@@ -293,10 +494,12 @@ def replay_conversation(
     stats: ReplayStats | None = None,
     checker: Checker | None = None,
     source: str = "",
+    check_size: bool = False,
 ) -> Any:
     """Replay one record: create the conversation, then append each message on its own and
     call ``conversation_compact`` after each append. Raises ReplayViolation at the first
-    broken step; returns the conversation."""
+    broken step (``check_size``: a context costing more than the full history is one);
+    returns the conversation."""
     from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
 
@@ -320,27 +523,38 @@ def replay_conversation(
     history_tokens = 0
     version = 0
     reduction = 0.0
+    summary = None  # the active summary
+    rejected: dict[int, int] = {}  # no_gain ranges: from_seq -> furthest to_seq
     perf = time.perf_counter
     for step, message in enumerate(messages, start=1):
         try:
             reset_queries()
             started = perf()
             with CaptureQueriesContext(connection) as captured:
-                (row,) = message_append(conversation=conversation, messages=[message])
-            appended = perf()
+                appended = message_append(conversation=conversation, messages=[message])
+            finished_append = perf()
             # Read now: the capture is a slice of connection.queries, which the reset clears.
             append_queries = len(captured)
             reset_queries()
-            with CaptureQueriesContext(connection) as captured:
+            with summarizer_calls() as calls, CaptureQueriesContext(connection) as captured:
+                started_compact = perf()
                 result = conversation_compact(conversation=conversation)
-            finished = perf()
+                finished = perf()
             compact_queries = captured.captured_queries
         except Exception as error:
             raise ReplayViolation(record_id, step, f"{type(error).__name__}: {error}") from error
+        if appended.compaction is not None:
+            raise ReplayViolation(
+                record_id, step, "the append compacted by itself: AUTO_COMPACT must be off"
+            )
+        (row,) = appended.messages
         conversation = result.context.conversation
-        stats.append_seconds.append(appended - started)
+        reason = str(result.reason)
+        stats.append_seconds.append(finished_append - started)
         stats.append_queries[append_queries] += 1
-        stats.reasons[str(result.reason)] += 1
+        stats.reasons[reason] += 1
+        stats.over_trigger[reason] += bool(result.over_trigger)
+        stats.summarizer_calls += len(calls)
 
         if result.compacted:
             version += 1
@@ -348,19 +562,39 @@ def replay_conversation(
             queries = len(compact_queries)
             stats.compactions += 1
             stats.archived.append(archived)
-            stats.compaction_seconds.append(finished - appended)
+            stats.compaction_seconds.append(finished - started_compact)
             stats.compaction_queries.append(queries)
             stats.compaction_message_updates.append(message_updates(compact_queries))
             stats.queries_by_archived.setdefault(archived, Counter())[queries] += 1
-            stats.queries_by_first.setdefault("first" if version == 1 else "later", Counter())[
-                queries
-            ] += 1
-            problems = summary_problems(result, version=version, leading=leading)
+            kind = compaction_kind(version=version, archived=result.archived, calls=calls)
+            stats.queries_by_kind.setdefault(kind, Counter())[queries] += 1
+            problems = summary_problems(
+                result, version=version, leading=leading, calls=calls, previous_summary=summary
+            )
             if problems:
                 raise ReplayViolation(record_id, step, "; ".join(problems))
+            stats.summary_budgets.append(result.plan.summary_budget)
+            stats.summary_ratios.append(
+                result.summary.token_count / replaced_tokens(result, summary)
+            )
+            summary = result.summary
         else:
-            stats.noop_seconds.append(finished - appended)
-            stats.noop_queries[len(compact_queries)] += 1
+            stats.skipped_seconds.setdefault(reason, []).append(finished - started_compact)
+            stats.skipped_queries.setdefault(reason, Counter())[len(compact_queries)] += 1
+            if reason == NO_GAIN:
+                problems = no_gain_problems(
+                    result, calls=calls, rejected=rejected, previous_summary=summary
+                )
+                if problems:
+                    raise ReplayViolation(record_id, step, "no_gain: " + "; ".join(problems))
+                if calls:
+                    stats.no_gain_summarized += 1
+                else:
+                    stats.no_gain_not_sent += 1
+            elif calls:
+                raise ReplayViolation(
+                    record_id, step, f"{reason}, yet the summarizer was called {len(calls)} times"
+                )
 
         # The context as it would be sent, against sending every original message so far.
         history_tokens += row.token_count
@@ -375,6 +609,12 @@ def replay_conversation(
             )
         reduction = 1 - sent / full
         stats.context_over_history += sent > full
+        if check_size and sent > full:
+            raise ReplayViolation(
+                record_id,
+                step,
+                f"the context costs {sent} tokens, more than the {full} of the full history",
+            )
         if step >= REDUCTION_FROM_TURN:
             stats.reductions.append(reduction)
             file_reductions.append(reduction)
@@ -426,14 +666,14 @@ def query_scaling(
             messages=messages[:total],
         )
         reset_queries()
-        started = time.perf_counter()
-        with CaptureQueriesContext(connection) as captured:
+        with summarizer_calls() as calls, CaptureQueriesContext(connection) as captured:
+            started = time.perf_counter()
             result = conversation_compact(conversation=conversation, force=True)
-        seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started
         label = f"probe {size} of {record['id']}"
         if not result.compacted:
             raise ReplayViolation(label, total, f"did not compact: {result.reason}")
-        problems = summary_problems(result, version=1, leading=leading)
+        problems = summary_problems(result, version=1, leading=leading, calls=calls)
         if problems:
             raise ReplayViolation(label, total, "; ".join(problems))
         if checker is not None:
@@ -446,7 +686,11 @@ def query_scaling(
                 "archived": len(result.archived or ()),
                 "queries": len(captured),
                 "message_updates": message_updates(captured.captured_queries),
+                "kind": compaction_kind(version=1, archived=result.archived, calls=calls),
+                "summarizer_calls": len(calls),
                 "summarizer_input_tokens": result.summary.input_tokens,
+                "summary_budget": result.plan.summary_budget,
+                "summary_tokens": result.summary.token_count,
                 "ms": round(seconds * 1000, 2),
             }
         )
@@ -473,39 +717,46 @@ def build_report(stats: ReplayStats) -> dict[str, Any]:
             "histogram": counter(values),
         }
 
+    def with_p5(values: Sequence[float]) -> dict[str, Any]:
+        return {
+            **distribution(values),
+            "p5": round(percentile(values, 5), 4) if values else None,
+        }
+
     return {
         "conversations": stats.conversations,
         "messages": stats.messages,
         "compactions": stats.compactions,
         "files": {name: dict(values) for name, values in stats.per_file.items()},
-        "compaction_calls": dict(stats.reasons),
+        "compaction_calls": counter(stats.reasons),
+        "no_gain_skips": stats.reasons[NO_GAIN],
+        "no_gain": {
+            "skips": stats.reasons[NO_GAIN],
+            "after_a_summarizer_call": stats.no_gain_summarized,
+            "range_rejected_before_not_sent": stats.no_gain_not_sent,
+        },
+        "compactions_over_trigger": stats.over_trigger[COMPACTED],
+        "compact_calls_over_trigger": counter(+stats.over_trigger),
+        "summarizer_calls": stats.summarizer_calls,
+        "summary_budget": distribution(stats.summary_budgets, digits=1),
+        "summary_to_replaced_tokens": distribution(stats.summary_ratios),
         "archived_per_compaction": distribution(stats.archived, digits=2),
         "max_context_messages": stats.max_active_messages,
         "token_reduction": {
             "from_turn": REDUCTION_FROM_TURN,
             "definition": "1 - active context tokens / tokens of every original message so far "
             "(both as one request: per-message overhead and reply priming included)",
-            **distribution(stats.reductions),
-            "p5": round(percentile(stats.reductions, 5), 4) if stats.reductions else None,
+            **with_p5(stats.reductions),
         },
         "token_reduction_by_file": {
-            name: {
-                **distribution(values),
-                "p5": round(percentile(values, 5), 4) if values else None,
-            }
-            for name, values in sorted(stats.reductions_by_file.items())
+            name: with_p5(values) for name, values in sorted(stats.reductions_by_file.items())
         },
         "steps_with_context_over_full_history": stats.context_over_history,
-        "final_token_reduction": {
-            **distribution(stats.final_reductions),
-            "p5": round(percentile(stats.final_reductions, 5), 4)
-            if stats.final_reductions
-            else None,
-        },
+        "final_token_reduction": with_p5(stats.final_reductions),
         "queries_per_compaction": {
             **distribution(stats.compaction_queries, digits=2),
-            "first_vs_later": {
-                key: counter(value) for key, value in sorted(stats.queries_by_first.items())
+            "by_kind": {
+                key: counter(value) for key, value in sorted(stats.queries_by_kind.items())
             },
             "by_messages_archived": {
                 str(archived): counter(values)
@@ -513,12 +764,17 @@ def build_report(stats: ReplayStats) -> dict[str, Any]:
             },
         },
         "message_updates_per_compaction": counter(Counter(stats.compaction_message_updates)),
-        "queries_per_noop_compact_call": spread(stats.noop_queries),
+        "queries_per_skipped_compact_call": {
+            reason: spread(values) for reason, values in sorted(stats.skipped_queries.items())
+        },
         "queries_per_append": spread(stats.append_queries),
         "timings_ms": {
             "append": distribution(stats.append_seconds, scale=1000, digits=3),
             "compaction": distribution(stats.compaction_seconds, scale=1000, digits=3),
-            "noop_compact_call": distribution(stats.noop_seconds, scale=1000, digits=3),
+            "skipped_compact_call": {
+                reason: distribution(values, scale=1000, digits=3)
+                for reason, values in sorted(stats.skipped_seconds.items())
+            },
             "invariant_checks_total_s": round(stats.check_seconds, 2),
         },
     }
@@ -529,7 +785,13 @@ def format_report(report: Mapping[str, Any]) -> str:
     queries = report["queries_per_compaction"]
     timings = report["timings_ms"]
     archived = report["archived_per_compaction"]
-    noop = report["queries_per_noop_compact_call"]
+    no_gain = report["no_gain"]
+    budget = report["summary_budget"]
+    ratio = report["summary_to_replaced_tokens"]
+    skipped = {
+        reason: values.get("histogram")
+        for reason, values in report["queries_per_skipped_compact_call"].items()
+    }
     lines = [
         f"ctxsum replay {report['date']}  ({report['database']['vendor']} "
         f"{report['database']['version']}, {report['machine']['cpus']} CPUs, "
@@ -538,34 +800,49 @@ def format_report(report: Mapping[str, Any]) -> str:
         f"summarizer {report['policy']['summarizer'].rsplit('.', 1)[-1]}",
         f"  conversations {report['conversations']}, messages {report['messages']}, "
         f"compactions {report['compactions']}, summaries {report['summaries']}",
-        f"  compact calls by outcome: {report['compaction_calls']}",
+        f"  compact calls by reason: {report['compaction_calls']}",
+        f"  no_gain skips: {no_gain['skips']} ({no_gain['after_a_summarizer_call']} after a "
+        f"summarizer call, {no_gain['range_rejected_before_not_sent']} not sent again); "
+        f"summarizer calls {report['summarizer_calls']}",
+        f"  compactions that ended over the trigger: {report['compactions_over_trigger']}; "
+        f"compact calls over the trigger by reason: {report['compact_calls_over_trigger']}",
+        f"  summary budget (tokens): median {budget.get('median')}, min {budget.get('min')}, "
+        f"max {budget.get('max')}; summary / replaced tokens: median {ratio.get('median')}, "
+        f"p95 {ratio.get('p95')}, max {ratio.get('max')}",
         f"  messages archived per compaction: median {archived.get('median')}, max "
         f"{archived.get('max')}; largest context sent: "
         f"{report['max_context_messages']} messages",
         f"  token reduction at turn >= {reduction['from_turn']} ({reduction['n']} steps): "
         f"median {reduction.get('median')}, p95 {reduction.get('p95')}, "
         f"p5 {reduction.get('p5')}, mean {reduction.get('mean')}",
-        f"  steps (any turn) whose context costs more than the full history: "
-        f"{report['steps_with_context_over_full_history']}",
-        f"  queries per compaction: min {queries.get('min')}, median {queries.get('median')}, "
-        f"max {queries.get('max')}; first vs later: {queries['first_vs_later']}",
-        f"  queries per compaction by messages archived: {queries['by_messages_archived']}",
-        f"  UPDATEs of ctxsum_message per compaction: {report['message_updates_per_compaction']}",
-        f"  queries per no-op compact call: {noop.get('histogram')}; per append: "
-        f"{report['queries_per_append'].get('histogram')}",
     ]
-    lines[6:6] = [
+    lines += [
         f"    {name or 'all'}: median {values.get('median')}, p95 {values.get('p95')}, "
         f"p5 {values.get('p5')} ({values['n']} steps)"
         for name, values in report["token_reduction_by_file"].items()
     ]
+    lines += [
+        f"  steps (any turn) whose context costs more than the full history: "
+        f"{report['steps_with_context_over_full_history']}",
+        f"  queries per compaction: min {queries.get('min')}, median {queries.get('median')}, "
+        f"max {queries.get('max')}; by kind: {queries['by_kind']}",
+        f"  queries per compaction by messages archived: {queries['by_messages_archived']}",
+        f"  UPDATEs of ctxsum_message per compaction: {report['message_updates_per_compaction']}",
+        f"  queries per compact call that compacted nothing, by reason: {skipped}",
+        f"  queries per append: {report['queries_per_append'].get('histogram')}",
+    ]
     for row in report.get("query_scaling", []):
         lines.append(
             f"  one-shot compaction archiving {row['archived']:>4} messages: {row['queries']} "
-            f"queries, {row['message_updates']} UPDATE of ctxsum_message, {row['ms']} ms"
+            f"queries ({row['kind']}), {row['message_updates']} UPDATE of ctxsum_message, "
+            f"{row['ms']} ms"
         )
-    for name in ("append", "compaction", "noop_compact_call"):
-        value = timings[name]
+    rows = [(name, timings[name]) for name in ("append", "compaction")]
+    rows += [
+        (f"compact call ({reason})", value)
+        for reason, value in timings["skipped_compact_call"].items()
+    ]
+    for name, value in rows:
         lines.append(
             f"  {name} ms: median {value.get('median')}, mean {value.get('mean')}, "
             f"p95 {value.get('p95')}, max {value.get('max')} (n={value['n']})"
@@ -662,9 +939,11 @@ def setup_django(
     settings.DATABASES = {"default": database}
     # DEBUG would keep every query in memory; the replay captures the ones it counts.
     settings.DEBUG = False
+    # The replay compacts after every append itself: no automatic compaction on top.
     settings.CTXSUM = {
         **(getattr(settings, "CTXSUM", None) or {}),
         "SUMMARIZER": OFFLINE_SUMMARIZER,
+        "AUTO_COMPACT": False,
     }
     django.setup()
     if migrate:
@@ -714,7 +993,14 @@ def replay_job(job: Job, progress: Callable[[ReplayStats], None] | None = None) 
         for position, (source, record) in enumerate(records):
             if position % job.jobs != job.index:
                 continue
-            replay_conversation(record, owner=owner, stats=stats, checker=checker, source=source)
+            replay_conversation(
+                record,
+                owner=owner,
+                stats=stats,
+                checker=checker,
+                source=source,
+                check_size=job.check,
+            )
             if progress is not None:
                 progress(stats)
     except ReplayViolation as violation:
@@ -813,7 +1099,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="check the context invariants after every step; exit 1 on the first violation",
+        help="check the context invariants after every step, and that no context costs more "
+        "than the full history; exit 1 on the first violation",
     )
     parser.add_argument(
         "--data-dir",
@@ -979,6 +1266,8 @@ def run(args: argparse.Namespace, *, sqlite_dir: Path, started: float) -> int:
             "keep": KEEP,
             "summarizer": OFFLINE_SUMMARIZER,
             "summary_max_tokens": ctxsum_settings.SUMMARY_MAX_TOKENS,
+            "summary_model": ctxsum_settings.SUMMARY_MODEL,
+            "target_ratio": ctxsum_settings.TARGET_RATIO,
             "chat_model": ctxsum_settings.DEFAULT_MODEL,
         },
         **build_report(stats),

@@ -95,6 +95,29 @@ def _number_errors() -> list[CheckMessage]:
     return errors
 
 
+def _input_budget_errors() -> list[CheckMessage]:
+    from ctxsum.services.compaction import MIN_CHUNK_BUDGET, history_room, summary_prompt
+    from ctxsum.tokens import count_text
+
+    # The longest length-budget line a prompt can carry: 3/4 of the answer's cap.
+    prompt = summary_prompt(ctxsum_settings.SUMMARY_MAX_TOKENS * 3 // 4)
+    try:
+        room = history_room(prompt, count_text)
+    except Exception:  # the encoding cannot be loaded: W001 says so
+        return []
+    if room >= MIN_CHUNK_BUDGET:
+        return []
+    return [
+        Error(
+            f"CTXSUM['SUMMARY_INPUT_BUDGET'] leaves {room} tokens of history per summarizer "
+            f"call after the prompt and SUMMARY_MAX_TOKENS; at least {MIN_CHUNK_BUDGET} are "
+            "needed, so every compaction would fail.",
+            hint="Raise SUMMARY_INPUT_BUDGET or lower SUMMARY_MAX_TOKENS.",
+            id="ctxsum.E010",
+        )
+    ]
+
+
 def _lease_warnings() -> list[CheckMessage]:
     lease, timeout = ctxsum_settings.LEASE_SECONDS, ctxsum_settings.SUMMARY_TIMEOUT
     if lease is not None and lease < timeout:
@@ -166,5 +189,5 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         ]
     errors = _policy_errors() + _number_errors()
     if not errors:
-        errors += _lease_warnings() + _summarizer_errors()
+        errors += _input_budget_errors() + _lease_warnings() + _summarizer_errors()
     return errors + _encoding_warnings()

@@ -295,15 +295,18 @@ def safe_cutoff(messages: Sequence[Message], *, start: int, candidate: int) -> i
     return _ToolBoundaries(messages, start).safe(candidate)
 
 
-def summary_budget(*, replaced_tokens: int, max_tokens: int, goal_tokens: int | None) -> int:
+def summary_budget(
+    *, previous_tokens: int, archived_tokens: int, max_tokens: int, goal_tokens: int | None
+) -> int:
     """How many tokens the new summary is asked to fit in.
 
-    Below the hard cap ``max_tokens`` with room to spare (a model overshooting a stated
-    length must not be cut off), at most half of what it replaces (a summary must be a
-    gain), and at most half of the token size the compaction aims for (``goal_tokens``), so
-    the kept tail has the other half.
+    The previous summary's size plus half of the newly archived messages: always smaller
+    than what it replaces, and a summary can grow as the conversation does, so older facts
+    are not squeezed out by every compaction. Below the hard cap ``max_tokens`` with room to
+    spare (a model overshooting a stated length must not be cut off), and at most half of
+    the token size the compaction aims for (``goal_tokens``), so the kept tail has the rest.
     """
-    budget = min(max_tokens * 3 // 4, replaced_tokens // 2)
+    budget = min(max_tokens * 3 // 4, previous_tokens + archived_tokens // 2)
     if goal_tokens is not None:
         budget = min(budget, goal_tokens // 2)
     return max(MIN_SUMMARY_BUDGET, budget)
@@ -380,17 +383,18 @@ def plan_compaction(
 
     goal = _goal_tokens(policy, sizing.target_ratio)
     pinned = list(tokens[: int(leading)])
-    replaced_before = tokens[int(leading)] if has_summary else 0
-    # replaced[c]: tokens a compaction at cutoff c replaces (old summary + archived messages).
-    replaced = [replaced_before] * (count + 1)
+    previous = tokens[int(leading)] if has_summary else 0
+    # archived[c]: tokens of the messages a compaction at cutoff c archives.
+    archived = [0] * (count + 1)
     for index in range(start, count):
-        replaced[index + 1] = replaced[index] + tokens[index]
+        archived[index + 1] = archived[index] + tokens[index]
 
     def plan(reason: Reason, cutoff: int) -> Plan:
         if reason != Reason.COMPACTED:
             return Plan(reason, start, cutoff, count, tokens_before, count, tokens_before)
         budget = summary_budget(
-            replaced_tokens=replaced[cutoff],
+            previous_tokens=previous,
+            archived_tokens=archived[cutoff],
             max_tokens=sizing.summary_max_tokens,
             goal_tokens=goal,
         )
@@ -427,17 +431,17 @@ def plan_compaction(
 
 
 def _goal_tokens(policy: Policy, ratio: float) -> int | None:
-    """The token size a compaction aims for: the trigger's share and the ceiling."""
-    goals = []
-    if policy.trigger.tokens is not None:
-        goals.append(int(policy.trigger.tokens * ratio))
-    if policy.max_context_tokens is not None:
-        goals.append(policy.max_context_tokens)
+    """The token size a compaction that keeps fewer aims for: that share of the token
+    trigger and of the ceiling."""
+    limits = [policy.trigger.tokens, policy.max_context_tokens]
+    goals = [int(limit * ratio) for limit in limits if limit is not None]
     return min(goals) if goals else None
 
 
 def _lands(plan: Plan, policy: Policy, ratio: float) -> bool:
+    """Whether a plan lands far enough below the trigger and the ceiling that the next
+    append does not compact again at once."""
     ceiling = policy.max_context_tokens
-    if ceiling is not None and plan.tokens_after > ceiling:
+    if ceiling is not None and plan.tokens_after > int(ceiling * ratio):
         return False
     return policy.trigger.within(ratio, plan.message_count_after, plan.tokens_after)

@@ -100,6 +100,9 @@ def test_kept_tail_that_always_reaches_the_trigger_is_an_error(trigger, keep, id
         ({"LEASE_SECONDS": -1}, ["ctxsum.E005"]),
         ({"LEASE_SECONDS": 30, "SUMMARY_TIMEOUT": 60}, ["ctxsum.W003"]),
         ({"LEASE_SECONDS": 90, "SUMMARY_TIMEOUT": 60}, []),
+        # 600 - the prompt (~230) - 256 leaves less than 256 tokens of history per call.
+        ({"SUMMARY_INPUT_BUDGET": 600, "SUMMARY_MAX_TOKENS": 256}, ["ctxsum.E010"]),
+        ({"SUMMARY_INPUT_BUDGET": 900, "SUMMARY_MAX_TOKENS": 256}, []),
     ],
 )
 def test_ratio_ceiling_and_lease_settings(settings_, ids) -> None:

@@ -2,7 +2,8 @@
 
 Each worker is a thread with its own database connection (closed when it ends), the way
 separate processes share one database. The summarizer is the real OpenAI backend talking to
-a local fake server whose "slow" mode keeps a call in flight long enough to act meanwhile.
+a local fake server whose "hold" mode keeps a call in flight until the test releases it: the
+test acts meanwhile, with no sleep to tune.
 
 - a slow summary never blocks an append, and what was appended meanwhile stays active;
 - concurrent compactions of one conversation write exactly one summary;
@@ -40,7 +41,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-DELAY = 2.5  # seconds the slow summarizer call stays in flight
+SAFETY_NET = 15  # seconds a held summarizer call waits at most for release()
 LEASE_SECONDS = 30
 SYSTEM = {"role": "system", "content": "You are a travel agent."}
 HISTORY = [
@@ -102,7 +103,7 @@ class Worker(threading.Thread):
 def fake(settings, monkeypatch):
     # A proxy from the environment must not capture requests to the local server.
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    server = FakeOpenAI(mode="slow", delay=DELAY)
+    server = FakeOpenAI(mode="hold", delay=SAFETY_NET)
     settings.CTXSUM = {
         **getattr(settings, "CTXSUM", {}),
         "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
@@ -138,6 +139,16 @@ def compact_in_thread(conversation: Conversation, **kwargs: Any) -> Worker:
     return worker
 
 
+def wait_until(predicate: Callable[[], bool], timeout: float = 10) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def attempts(conversation: Conversation) -> list[tuple[str, str]]:
     rows = CompactionAttempt.objects.filter(conversation=conversation).order_by("pk")
     return sorted(rows.values_list("outcome", "reason"))
@@ -151,16 +162,15 @@ def test_appends_do_not_wait_for_a_slow_summary(conversation, fake):
         {"role": "user", "content": f"While you summarize: note {index}, gate B{index}."}
         for index in range(5)
     ]
-    timings = []
+    started = time.monotonic()
     for message in appended:
-        started = time.monotonic()
         message_append(conversation=conversation, messages=[message])
-        timings.append(time.monotonic() - started)
-    # A lock wait would cost the summarizer's whole delay; 1.5 s is far below it.
-    assert sum(timings) < 1.5, f"appends waited for the summary: {timings}"
-    assert fake.in_flight == 1, "the summary finished before the appends: nothing was shown"
-    assert worker.is_alive()
+    # The call is held until release(): the appends finished while it was in flight. A lock
+    # wait would have lasted until the safety net.
+    assert time.monotonic() - started < SAFETY_NET / 2, "appends waited for the summary"
+    assert fake.in_flight == 1 and worker.is_alive()
 
+    fake.release()
     result = worker.outcome()
     assert result.compacted, result.reason
     assert result.reason == Reason.COMPACTED
@@ -184,7 +194,6 @@ def test_appends_do_not_wait_for_a_slow_summary(conversation, fake):
 
 
 def test_concurrent_compactions_write_one_summary(conversation, fake):
-    fake.delay = 1.5
     workers_count = 4
     barrier = threading.Barrier(workers_count)
     pk = conversation.pk
@@ -196,23 +205,30 @@ def test_concurrent_compactions_write_one_summary(conversation, fake):
     workers = [Worker(work) for _ in range(workers_count)]
     for worker in workers:
         worker.start()
-    results = [worker.outcome() for worker in workers]
+    # One worker won the lease and is held in the summarizer; the others are turned away
+    # by the lease without calling it.
+    assert fake.wait_for_in_flight(1, timeout=10), "no summarizer call started"
+    assert wait_until(lambda: sum(worker.is_alive() for worker in workers) == 1), (
+        "the workers that lost the lease did not return while the winner was held"
+    )
+    turned_away = [worker for worker in workers if not worker.is_alive()]
+    assert len(turned_away) == workers_count - 1
+    assert all(worker.outcome().reason == Reason.IN_PROGRESS for worker in turned_away)
+    assert len(fake.requests) == 1
 
+    fake.release()
+    results = [worker.outcome() for worker in workers]
     reasons = sorted(str(result.reason) for result in results)
-    assert reasons.count(Reason.COMPACTED) == 1, reasons
-    losers = [result for result in results if not result.compacted]
-    assert all(r.reason in (Reason.IN_PROGRESS, Reason.CONFLICT) for r in losers), reasons
-    in_progress = [r for r in losers if r.reason == Reason.IN_PROGRESS]
-    # A worker turned away by the lease never calls the summarizer.
-    assert len(fake.requests) == workers_count - len(in_progress)
+    assert reasons == sorted([Reason.COMPACTED] + [Reason.IN_PROGRESS] * (workers_count - 1))
+    assert len(fake.requests) == 1  # a worker turned away by the lease never calls it
     assert Summary.objects.filter(conversation=conversation).count() == 1
     winner = next(result for result in results if result.compacted)
     assert winner.summary.version == 1
 
     recorded = attempts(conversation)
     assert recorded.count(("compacted", "compacted")) == 1
-    assert recorded.count(("skipped", "in_progress")) == len(in_progress)
-    assert recorded.count(("conflict", "conflict")) == len(losers) - len(in_progress)
+    assert recorded.count(("skipped", "in_progress")) == workers_count - 1
+    assert len(recorded) == workers_count
     assert_context_invariants(conversation, original_messages=ORIGINAL)
     conversation.refresh_from_db()
     assert conversation.lease_owner == "" and conversation.leased_at is None
@@ -260,7 +276,7 @@ def test_a_snapshot_changed_during_the_call_is_a_conflict(conversation, fake, fi
     conversation.refresh_from_db()
     first_token = conversation.lease_owner
     assert first_token, "the first worker holds no lease during its call"
-    fake.mode = "ok"  # the next call answers at once; the first one is still sleeping
+    fake.mode = "ok"  # the next call answers at once; the first one stays held
 
     meanwhile = {"role": "user", "content": "Also add travel insurance, policy TI-77."}
     message_append(conversation=conversation, messages=[meanwhile])
@@ -275,6 +291,7 @@ def test_a_snapshot_changed_during_the_call_is_a_conflict(conversation, fake, fi
             lease_owner=first_token, leased_at=timezone.now()
         )
 
+    fake.release()
     result = first.outcome()
     assert not result.compacted
     assert result.reason == Reason.CONFLICT

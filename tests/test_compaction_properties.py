@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import pytest
@@ -29,7 +30,7 @@ from hypothesis import strategies as st
 
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Summary
-from ctxsum.policy import Reason
+from ctxsum.policy import PINNED_MAX, Reason
 from ctxsum.selectors import context_get, transcript_list
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import conversation_create, conversation_update
@@ -41,7 +42,8 @@ from tests.openai_server import FakeOpenAI
 
 OFFLINE = "ctxsum.summarizers.offline.OfflineSummarizer"
 OPENAI = "ctxsum.summarizers.openai.OpenAISummarizer"
-PROMPT_TOKENS = 213  # the default prompt's length: a budget below it + 256 is refused
+# The default prompt with its length-budget line: a budget below it + 256 is refused.
+PROMPT_TOKENS = 213 + 15
 
 PROPERTY_SETTINGS = hypothesis_settings(
     deadline=None,
@@ -104,26 +106,71 @@ def conversations(draw: st.DrawFn, min_turns: int = 1, max_turns: int = 12) -> l
 
 
 @st.composite
-def policies(draw: st.DrawFn) -> tuple[dict[str, int], dict[str, int]]:
-    """A valid (trigger, keep): keep below the trigger whenever they share a unit."""
+def policies(draw: st.DrawFn) -> tuple[dict[str, int], dict[str, int], int | None]:
+    """A valid (trigger, keep, max_context_tokens): keep below the trigger whenever they share
+    a unit, and a message trigger above keep plus the system message and the summary."""
+    unit = draw(st.sampled_from(["messages", "tokens"]))
+    kept = draw(st.integers(1, 8)) if unit == "messages" else draw(st.integers(1, 300))
     trigger: dict[str, int] = {}
     units = draw(st.sampled_from([("messages",), ("tokens",), ("messages", "tokens")]))
     if "messages" in units:
-        trigger["messages"] = draw(st.integers(2, 14))
+        low = kept + PINNED_MAX + 1 if unit == "messages" else 2
+        trigger["messages"] = draw(st.integers(low, max(low, 14)))
     if "tokens" in units:
-        trigger["tokens"] = draw(st.integers(40, 600))
-    unit = draw(st.sampled_from(["messages", "tokens"]))
-    ceiling = trigger[unit] - 1 if unit in trigger else {"messages": 8, "tokens": 300}[unit]
-    return trigger, {unit: draw(st.integers(1, ceiling))}
+        low = max(40, kept + 1) if unit == "tokens" else 40
+        trigger["tokens"] = draw(st.integers(low, 600))
+    ceiling = draw(st.none() | st.none() | st.integers(60, 900))
+    return trigger, {unit: kept}, ceiling
 
 
 def _ctxsum(**overrides: Any) -> dict[str, Any]:
     return {**getattr(settings, "CTXSUM", {}), **overrides}
 
 
-def _new_conversation(trigger: dict[str, int], keep: dict[str, int]) -> Conversation:
+def _new_conversation(
+    trigger: dict[str, int], keep: dict[str, int], ceiling: int | None = None
+) -> Conversation:
     owner = get_user_model().objects.create(username=f"prop-{uuid.uuid4().hex}")
-    return conversation_create(owner=owner, trigger=trigger, keep=keep)
+    return conversation_create(owner=owner, trigger=trigger, keep=keep, max_context_tokens=ceiling)
+
+
+def _reached(trigger: dict[str, int], ceiling: int | None, count: int, tokens: int) -> bool:
+    """The trigger (every unit it sets, inclusive) or the ceiling, computed here on its own."""
+    over = all(
+        {"messages": count, "tokens": tokens}[unit] >= value for unit, value in trigger.items()
+    )
+    return over or (ceiling is not None and tokens > ceiling)
+
+
+class InterleavingSummarizer(OfflineSummarizer):
+    """The offline summarizer, running ``during`` inside its first call: what another
+    process could append while a summary is being written (no lock is held then)."""
+
+    during: ClassVar[Callable[[], None] | None] = None
+
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
+        hook, type(self).during = type(self).during, None
+        if hook is not None:
+            hook()
+        return super().summarize(prompt=prompt, history=history, model=model, budget=budget)
+
+
+INTERLEAVING = f"{__name__}.InterleavingSummarizer"
+
+
+@st.composite
+def interleaved(draw: st.DrawFn, call_ids: list[str]) -> list[dict[str, Any]]:
+    """What arrives during a summarizer call: results for calls of the active context
+    (whose requests the compaction may be archiving) and new turns."""
+    messages = []
+    for _ in range(draw(st.integers(0, 3))):
+        if call_ids and draw(st.booleans()):
+            call_id = draw(st.sampled_from(call_ids))
+            messages.append({"role": "tool", "content": draw(texts), "tool_call_id": call_id})
+        else:
+            role = draw(st.sampled_from(["user", "assistant"]))
+            messages.append({"role": role, "content": draw(texts)})
+    return messages
 
 
 def _snapshot(conversation: Conversation) -> dict[str, Any]:
@@ -160,13 +207,13 @@ def _assert_unchanged(conversation: Conversation, before: dict[str, Any], why: s
     data=st.data(),
 )
 def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data):
-    trigger, keep = policy
+    trigger, keep, ceiling = policy
     max_tokens, input_budget = summary_budget
     config = _ctxsum(
-        SUMMARIZER=OFFLINE, SUMMARY_MAX_TOKENS=max_tokens, SUMMARY_INPUT_BUDGET=input_budget
+        SUMMARIZER=INTERLEAVING, SUMMARY_MAX_TOKENS=max_tokens, SUMMARY_INPUT_BUDGET=input_budget
     )
     with override_settings(CTXSUM=config):
-        conversation = _new_conversation(trigger, keep)
+        conversation = _new_conversation(trigger, keep, ceiling)
         appended: list[dict[str, Any]] = []
         sent = compactions = 0
         while sent < len(messages):
@@ -186,24 +233,51 @@ def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data)
                     appended.append({"role": "system", "content": system})
                 assert_context_invariants(conversation, original_messages=appended)
 
+            # Appends that land while the summary is being written.
+            during: list[dict[str, Any]] = []
+
+            def append_meanwhile(conversation=conversation, during=during):
+                call_ids = [
+                    call["id"]
+                    for row in conversation.messages.active().exclude(tool_calls=None)
+                    for call in row.tool_calls
+                ]
+                for message in data.draw(interleaved(call_ids), label="appended meanwhile"):
+                    try:
+                        message_append(conversation=conversation, messages=[message])
+                    except ValidationError:
+                        continue  # a result for a request archived earlier: refused
+                    during.append(message)
+
+            InterleavingSummarizer.during = append_meanwhile
             mode = data.draw(st.sampled_from(["auto"] * 6 + ["force"] * 2 + ["dry_run"]))
             before = Summary.objects.filter(conversation=conversation).count()
             snapshot = _snapshot(conversation) if mode == "dry_run" else None
             result = conversation_compact(
                 conversation=conversation, force=mode == "force", dry_run=mode == "dry_run"
             )
-            event(f"{mode}: {result.reason}")
+            InterleavingSummarizer.during = None
+            appended.extend(during)
+            event(f"{mode}: {result.reason}{' +meanwhile' if during else ''}")
             assert_context_invariants(conversation, original_messages=appended)
             conversation.refresh_from_db()
             assert conversation.lease_owner == "" and conversation.leased_at is None
 
             if mode == "dry_run":
-                assert not result.compacted
+                assert not result.compacted and not during
                 _assert_unchanged(conversation, snapshot, "a dry run")
                 continue
             summaries = Summary.objects.filter(conversation=conversation)
+            archived_calls = {
+                call["id"] for row in result.archived for call in row.tool_calls or ()
+            }
+            late_results = [m for m in during if m.get("tool_call_id") in archived_calls]
+            if late_results:
+                # A result for a request being archived arrived during the call: the commit
+                # would orphan it, so nothing is written.
+                assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
             if not result.compacted:
-                allowed = {Reason.NOTHING_TO_SUMMARIZE, Reason.KEPT_TAIL_OVER_TRIGGER}
+                allowed = {Reason.NOTHING_TO_SUMMARIZE, Reason.NO_GAIN, Reason.CONFLICT}
                 if mode == "auto":
                     allowed.add(Reason.BELOW_TRIGGER)
                 assert result.reason in allowed
@@ -212,28 +286,38 @@ def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data)
 
             compactions += 1
             # A compaction: one new active summary, at least one message archived, the
-            # newest message kept verbatim, and no more archived than retention allows.
+            # newest message kept verbatim, smaller than what it replaced.
             assert result.reason == Reason.COMPACTED
             assert summaries.count() == before + 1
-            assert result.summary is not None and result.summary.version == before + 1
-            assert result.summary.active
+            new = summaries.get(version=before + 1)
+            assert result.summary is not None and result.summary.pk == new.pk
+            assert new.active
             assert result.archived
             assert all(row.summary_id is None for row in result.archived)  # snapshot rows
             assert {row.seq for row in result.archived} == set(
-                summaries.get(version=before + 1).messages.values_list("seq", flat=True)
+                new.messages.values_list("seq", flat=True)
             )
+            replaced = sum(row.token_count for row in result.archived)
+            if new.previous is not None:
+                replaced += new.previous.token_count
+            assert new.token_count < replaced
+            newest = during[-1] if during else batch[-1]
             tail = _active_tail(conversation)
-            assert tail and tail[-1].as_openai() == batch[-1]
-            assert context_get(conversation=conversation).messages[-1] == batch[-1]
-            if "messages" in keep:
-                assert len(tail) >= keep["messages"]
-            else:  # the newest archived message would not have fitted in the budget
-                kept = sum(row.token_count for row in tail)
-                assert kept + result.archived[-1].token_count > keep["tokens"]
+            assert tail and tail[-1].as_openai() == newest
+            context = context_get(conversation=conversation)
+            assert context.messages[-1] == newest
+            # Below the trigger (and the ceiling) unless the answer says otherwise.
+            over = _reached(trigger, ceiling, len(context.messages), context.token_count)
+            assert result.over_trigger == over
             attempt = result.attempt
             assert attempt is not None
             assert attempt.outcome == CompactionAttempt.Outcome.COMPACTED
             assert attempt.messages_archived == len(result.archived)
+            assert attempt.tokens_after == context.token_count
+            assert (attempt.from_seq, attempt.to_seq) == (
+                result.archived[0].seq,
+                result.archived[-1].seq,
+            )
         target(float(compactions), label="compactions")
 
 
@@ -290,7 +374,7 @@ def _closed_port() -> int:
 
 def _failing_config(failure: str, server: FakeOpenAI) -> dict[str, Any]:
     """CTXSUM for one failure; sets the server's mode."""
-    small = {"SUMMARY_MAX_TOKENS": 60, "SUMMARY_INPUT_BUDGET": PROMPT_TOKENS + 60 + 260}
+    small = {"SUMMARY_MAX_TOKENS": 60, "SUMMARY_INPUT_BUDGET": PROMPT_TOKENS + 60 + 280}
     if failure in ("later_chunk", "crash"):
         ChunkFailingSummarizer.calls = 0
         options = {"fail_on": 2} if failure == "later_chunk" else {"crash": True}
@@ -316,7 +400,7 @@ def _failing_config(failure: str, server: FakeOpenAI) -> dict[str, Any]:
 @hypothesis_settings(PROPERTY_SETTINGS, max_examples=6)
 @given(messages=conversations(min_turns=4), policy=policies(), split=st.floats(0, 1))
 def test_a_failing_summarizer_changes_nothing(failing_server, failure, messages, policy, split):
-    trigger, keep = policy
+    trigger, keep, _ = policy
     # Some history first, compacted by the offline summarizer so a summary may exist.
     head = max(1, int(len(messages) * split))
     with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE)):
@@ -327,6 +411,8 @@ def test_a_failing_summarizer_changes_nothing(failing_server, failure, messages,
             message_append(conversation=conversation, messages=messages[head:])
         plan = conversation_compact(conversation=conversation, force=True, dry_run=True)
     assume(plan.reason == Reason.DRY_RUN)  # there is something to summarize
+    # ... that the offline summary did not already find to be no gain (it is not resent).
+    assume(not CompactionAttempt.objects.filter(conversation=conversation, reason="no_gain"))
 
     before = _snapshot(conversation)
     attempts = CompactionAttempt.objects.filter(conversation=conversation)
@@ -340,7 +426,7 @@ def test_a_failing_summarizer_changes_nothing(failing_server, failure, messages,
     if failure == "later_chunk" and raised is None:
         # The history fitted in one call, so the failure never came: a normal compaction.
         event("later_chunk: one chunk only")
-        assert result.compacted
+        assert result.compacted or result.reason == Reason.NO_GAIN
         assert_context_invariants(conversation, original_messages=messages)
         return
 
@@ -367,16 +453,17 @@ def test_a_late_result_for_an_archived_request_never_orphans_the_context():
     refused: the context keeps no tool result without its request."""
     call = {"id": "c1", "type": "function", "function": {"name": "book", "arguments": "{}"}}
     messages = [
-        {"role": "user", "content": "Book the 07:10 flight to Delhi."},
+        {"role": "user", "content": "Book the 07:10 flight to Delhi, window seat, 340 EUR."},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "user", "content": "Hurry up, please."},
+        {"role": "user", "content": "Are you there?"},
     ]
     late = {"role": "tool", "content": "Booked AI-101.", "tool_call_id": "c1"}
     with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE)):
-        conversation = _new_conversation({"messages": 3}, {"messages": 1})
+        conversation = _new_conversation({"messages": 4}, {"messages": 1})
         message_append(conversation=conversation, messages=messages)
         result = conversation_compact(conversation=conversation)
-        assert result.compacted and [row.seq for row in result.archived] == [0, 1]
+        assert result.compacted and [row.seq for row in result.archived] == [0, 1, 2]
         with pytest.raises(ValidationError) as refused:
             message_append(conversation=conversation, messages=[late])
         assert refused.value.message_dict == {

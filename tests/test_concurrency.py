@@ -110,7 +110,7 @@ def test_concurrent_batches_interleave_as_whole_batches(user) -> None:
                     {"role": "user", "content": f"msg:{index}:{batch * batch_size + n}:"}
                     for n in range(batch_size)
                 ],
-            )
+            ).messages
             seqs = [row.seq for row in rows]
             assert seqs == list(range(seqs[0], seqs[0] + batch_size))
 

@@ -216,9 +216,10 @@ def test_system_message_and_summary_are_never_archived() -> None:
     archived = messages[plan.start : plan.cutoff]
     assert all(message is not pinned[0] and message is not pinned[1] for message in archived)
     assert plan.cutoff == 9
-    # Pinned system message, a new summary of half what it replaces, one kept message.
+    # Pinned system message, a new summary the size of the old one plus half of what it
+    # archives, one kept message.
     assert plan.message_count_after == 3
-    assert plan.summary_budget == (300 + 7 * 10) // 2
+    assert plan.summary_budget == 300 + 7 * 10 // 2
     assert plan.tokens_after == 500 + plan.summary_budget + 10 + REPLY_PRIMING
 
 
@@ -414,22 +415,29 @@ def test_keeping_fewer_never_splits_a_tool_round() -> None:
 def test_max_context_tokens_compacts_and_keeps_fewer_below_it() -> None:
     messages = [system(), *turns(10)]
     tokens = [10, *[100] * 10]
-    rule = parse_policy({"messages": 50}, {"messages": 8}, 500)
+    rule = parse_policy({"messages": 50}, {"messages": 8}, 600)
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
-    # Below the message trigger, but above the ceiling: it compacts, and to fit under the
-    # ceiling it keeps fewer than 8.
+    # Below the message trigger, but above the ceiling: it compacts, and keeps fewer than 8
+    # so that it lands at half the ceiling (300), summary budget (150) included.
     assert plan.compacts and not plan.over_trigger
-    assert plan.tokens_after <= 500
-    assert plan.summary_budget == 250
-    assert plan.cutoff == 9
+    assert plan.summary_budget == 150
+    assert plan.cutoff == 10
+    assert plan.tokens_after == 10 + 150 + 100 + REPLY_PRIMING
 
 
 def test_summary_budget() -> None:
-    # Half of what it replaces, within 3/4 of the cap and half the goal, never below 32.
-    assert summary_budget(replaced_tokens=400, max_tokens=1024, goal_tokens=None) == 200
-    assert summary_budget(replaced_tokens=10_000, max_tokens=1024, goal_tokens=None) == 768
-    assert summary_budget(replaced_tokens=10_000, max_tokens=1024, goal_tokens=600) == 300
-    assert summary_budget(replaced_tokens=10, max_tokens=1024, goal_tokens=None) == 32
+    def budget(previous: int, archived: int, goal: int | None = None) -> int:
+        return summary_budget(
+            previous_tokens=previous, archived_tokens=archived, max_tokens=1024, goal_tokens=goal
+        )
+
+    # The old summary plus half of what is archived: less than what it replaces, room to grow.
+    assert budget(0, 400) == 200
+    assert budget(300, 100) == 350
+    # Within 3/4 of the hard cap and half the goal, never below 32.
+    assert budget(700, 400) == 768
+    assert budget(0, 10_000, goal=600) == 300
+    assert budget(0, 10) == 32
 
 
 def test_a_trigger_within_a_ratio_needs_one_unit_that_far_below() -> None:
@@ -673,8 +681,8 @@ def policies(draw: st.DrawFn) -> Policy:
 
 
 def _goal(rule: Policy) -> int | None:
-    goals = [rule.trigger.tokens // 2] if rule.trigger.tokens else []
-    goals += [rule.max_context_tokens] if rule.max_context_tokens else []
+    limits = (rule.trigger.tokens, rule.max_context_tokens)
+    goals = [limit // 2 for limit in limits if limit]
     return min(goals) if goals else None
 
 
@@ -724,9 +732,11 @@ def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
     if plan.compacts:
         assert start < plan.cutoff <= newest_round
         assert plan.message_count_after == int(leading) + 1 + count - plan.cutoff
-        replaced = (tokens[int(leading)] if has_summary else 0) + sum(tokens[start : plan.cutoff])
         assert plan.summary_budget == summary_budget(
-            replaced_tokens=replaced, max_tokens=1024, goal_tokens=_goal(rule)
+            previous_tokens=tokens[int(leading)] if has_summary else 0,
+            archived_tokens=sum(tokens[start : plan.cutoff]),
+            max_tokens=1024,
+            goal_tokens=_goal(rule),
         )
         assert plan.tokens_after == (
             sum(tokens[: int(leading)])
@@ -746,6 +756,7 @@ def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
         # ... and fewer only to get off the trigger: then as far as the target or the minimum.
         if plan.cutoff > max(preferred, start + 1) and plan.cutoff != newest_round:
             assert rule.trigger.within(0.5, plan.message_count_after, plan.tokens_after)
+            assert ceiling is None or plan.tokens_after <= ceiling // 2
         if over:
             assert plan.cutoff == newest_round
     if plan.reason is Reason.BELOW_TRIGGER:

@@ -1,7 +1,8 @@
 """Replay a deterministic subset of the real conversations (../shared/data) through the
 benchmark's own replay code (bench/replay.py): one message appended at a time, a compaction
 attempted after every append, the shared invariants (tests/invariants.py) checked after every
-step, and each compaction's summary metadata checked by the replay and again here.
+step, no context larger than the full history, and each compaction's summary metadata (and
+what the summarizer was sent) checked by the replay and again here.
 
 The full replay with ``--check`` is ``python bench/replay.py --check`` (what CI runs).
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from ctxsum.summarizers.offline import OfflineSummarizer
 from tests.invariants import assert_context_invariants
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -114,34 +116,40 @@ def long_chats() -> list[dict[str, Any]]:
 
 
 def replay_all(subset: Sequence[Mapping[str, Any]], owner: Any) -> Any:
-    """Replay ``subset`` with the invariants after every step; check each conversation's
-    summaries; return the stats."""
+    """Replay ``subset`` with the invariants after every step and no context allowed to
+    cost more than the full history; check each conversation's summaries; return the
+    stats."""
     stats = replay.ReplayStats()
     for record in subset:
         before = stats.compactions
         conversation = replay.replay_conversation(
-            record, owner=owner, stats=stats, checker=assert_context_invariants
+            record, owner=owner, stats=stats, checker=assert_context_invariants, check_size=True
         )
         assert_summaries(conversation, compactions=stats.compactions - before)
     assert stats.conversations == len(subset)
     assert stats.messages == sum(len(record["messages"]) for record in subset)
+    assert stats.context_over_history == 0
+    assert sum(stats.reasons.values()) == stats.messages
+    assert stats.reasons["compacted"] == stats.compactions
+    assert stats.reasons["no_gain"] == stats.no_gain_summarized + stats.no_gain_not_sent
     # Archiving is one bulk UPDATE, and the number of queries does not depend on how many
-    # messages a compaction archives (the first compaction has no previous summary to
-    # deactivate: one query fewer).
+    # messages a compaction archives: only on its kind (a first summary has no previous one
+    # to deactivate; an archived range with tool calls costs one EXISTS more).
     assert set(stats.compaction_message_updates) <= {1}
-    if stats.compaction_queries:
-        assert max(stats.compaction_queries) - min(stats.compaction_queries) <= 1
-        for values in stats.queries_by_first.values():
-            assert len(values) == 1, stats.queries_by_first
+    for values in stats.queries_by_kind.values():
+        assert len(values) == 1, stats.queries_by_kind
     return stats
 
 
 def assert_summaries(conversation: Any, *, compactions: int) -> None:
-    """Summaries 1..k, one per compaction, each naming the prompt in use (version and
-    SHA-256), the summarizer's model, a cumulative range and its predecessor."""
+    """Summaries 1..k, one per compaction, each naming the prompt setting in use (version
+    and SHA-256 of PROMPT, not of the prompt sent with its length line), the model the
+    summary was written with (SUMMARY_MODEL, else the conversation's), a cumulative range
+    and its predecessor."""
     from ctxsum.conf import ctxsum_settings
     from ctxsum.models import Summary
-    from ctxsum.summarizers import get_summarizer
+
+    model = ctxsum_settings.SUMMARY_MODEL or conversation.model or ctxsum_settings.DEFAULT_MODEL
 
     summaries = list(Summary.objects.filter(conversation=conversation).order_by("version"))
     assert [summary.version for summary in summaries] == list(range(1, compactions + 1))
@@ -150,7 +158,7 @@ def assert_summaries(conversation: Any, *, compactions: int) -> None:
         previous = summaries[index - 1] if index else None
         assert summary.prompt_version == ctxsum_settings.PROMPT_VERSION
         assert summary.prompt_sha256 == prompt_hash
-        assert summary.model and summary.model == get_summarizer().model
+        assert summary.model and summary.model == model
         assert summary.previous_id == (previous.pk if previous else None)
         assert summary.from_seq <= summary.to_seq
         if previous is not None:
@@ -162,8 +170,30 @@ def assert_summaries(conversation: Any, *, compactions: int) -> None:
 
 @pytest.fixture
 def offline(settings):
-    """The replay's summarizer whatever the environment says."""
-    settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": replay.OFFLINE_SUMMARIZER}
+    """The replay's summarizer whatever the environment says, and no automatic compaction
+    (the replay compacts after every append itself)."""
+    settings.CTXSUM = {
+        **settings.CTXSUM,
+        "SUMMARIZER": replay.OFFLINE_SUMMARIZER,
+        "AUTO_COMPACT": False,
+    }
+
+
+class VerboseSummarizer(OfflineSummarizer):
+    """Answers with the whole history twice: never smaller than what it would replace."""
+
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
+        self.require_history(history)
+        return f"{history}\n{history}".strip()
+
+
+@pytest.fixture
+def verbose(settings):
+    settings.CTXSUM = {
+        **settings.CTXSUM,
+        "SUMMARIZER": f"{__name__}.VerboseSummarizer",
+        "AUTO_COMPACT": False,
+    }
 
 
 # --------------------------------------------------------------------------- replays
@@ -219,11 +249,95 @@ def test_one_shot_compactions_take_the_same_queries_whatever_their_size(user, of
     rows = replay.query_scaling(looping_run(), owner=user, checker=assert_context_invariants)
     assert [row["archived"] for row in rows] == sorted({row["archived"] for row in rows})
     assert rows[-1]["archived"] >= 128
-    assert {row["queries"] for row in rows} == {rows[0]["queries"]}
     assert {row["message_updates"] for row in rows} == {1}
+    by_kind = collections.defaultdict(set)
+    for row in rows:
+        by_kind[row["kind"]].add(row["queries"])
+        assert row["summary_tokens"] < row["summarizer_input_tokens"]
+    assert all(len(queries) == 1 for queries in by_kind.values()), by_kind
+    # The range holding tool calls costs one EXISTS more, whatever its length.
+    assert by_kind["first, tool calls archived"]
+
+
+@pytest.mark.django_db
+def test_the_stored_model_is_the_one_sent(user, offline, settings):
+    """With SUMMARY_MODEL blank the summary is written with the conversation's chat model
+    (here the settings' default), stored under it, and the replay's checks agree."""
+    settings.CTXSUM = {**settings.CTXSUM, "SUMMARY_MODEL": "", "DEFAULT_MODEL": "gpt-4.1"}
+    record = long_chats()[1]
+    with replay.summarizer_calls() as calls:
+        stats = replay_all([record], user)
+    assert stats.compactions > 0
+    assert {call.model for call in calls} == {"gpt-4.1"}
+    from ctxsum.models import Summary
+
+    assert set(Summary.objects.values_list("model", flat=True)) == {"gpt-4.1"}
+
+
+@pytest.mark.django_db
+def test_summaries_that_are_no_smaller_are_skipped_as_no_gain(user, verbose):
+    """Every summary is larger than what it would replace: nothing is compacted, each
+    range goes to the summarizer once (a range that has not grown is not sent again), and
+    the context never costs more than the full history."""
+    subset = [looping_run(), long_chats()[0]]
+    stats = replay_all(subset, user)
+    assert stats.compactions == 0
+    assert stats.reasons["no_gain"] > 0
+    assert stats.no_gain_summarized > 0 and stats.no_gain_not_sent > 0
+    assert stats.summarizer_calls == stats.no_gain_summarized
+    report = replay.build_report(stats)
+    assert report["no_gain_skips"] == stats.reasons["no_gain"]
+    assert report["steps_with_context_over_full_history"] == 0
+    # Nothing was compacted, so the context still reaches the trigger.
+    assert report["compact_calls_over_trigger"]["no_gain"] == stats.reasons["no_gain"]
 
 
 # --------------------------------------------------------------------------- the replay fails
+
+
+@pytest.mark.django_db
+def test_a_context_larger_than_the_history_is_counted_and_stops_a_checked_replay(
+    user, verbose, monkeypatch
+):
+    """Were a larger summary committed, the replay would count the steps whose context
+    costs more than the full history, and a checked replay stops at the first."""
+    from ctxsum.services import compaction
+
+    monkeypatch.setattr(compaction, "_check_gain", lambda *args: None)
+    # The summary check would name the missing gain first: let the size check see it.
+    monkeypatch.setattr(replay, "summary_problems", lambda *args, **kwargs: [])
+    record = long_chats()[0]
+    stats = replay.ReplayStats()
+    replay.replay_conversation(record, owner=user, stats=stats)
+    assert stats.compactions > 0 and stats.context_over_history > 0
+    with pytest.raises(replay.ReplayViolation) as caught:
+        replay.replay_conversation(record, owner=user, check_size=True)
+    assert caught.value.step == replay.TRIGGER["messages"]  # the first compaction
+    assert "more than the" in caught.value.problem
+
+
+@pytest.mark.django_db
+def test_a_summary_without_gain_stops_the_replay(user, verbose, monkeypatch):
+    from ctxsum.services import compaction
+
+    monkeypatch.setattr(compaction, "_check_gain", lambda *args: None)
+    record = long_chats()[0]
+    with pytest.raises(replay.ReplayViolation) as caught:
+        replay.replay_conversation(record, owner=user)
+    assert caught.value.step == replay.TRIGGER["messages"]
+    assert "(no gain)" in caught.value.problem
+
+
+@pytest.mark.django_db
+def test_a_wrong_model_stops_the_replay(user, offline, monkeypatch):
+    from ctxsum.services import compaction
+
+    monkeypatch.setattr(compaction, "summary_model", lambda conversation: "some-other-model")
+    record = long_chats()[0]
+    with pytest.raises(replay.ReplayViolation) as caught:
+        replay.replay_conversation(record, owner=user)
+    assert caught.value.step == replay.TRIGGER["messages"]
+    assert "'some-other-model'" in caught.value.problem
 
 
 @pytest.mark.django_db
@@ -284,6 +398,11 @@ def test_script_exits_0_and_writes_results(tmp_path):
     assert report["conversations"] == 2 and report["check"] is True
     assert report["invariant_checker"] == "tests/invariants.py"
     assert report["compactions"] == report["summaries"] > 0
+    assert report["compaction_calls"]["compacted"] == report["compactions"]
+    assert sum(report["compaction_calls"].values()) == report["messages"]
+    assert report["no_gain_skips"] == report["compaction_calls"].get("no_gain", 0)
+    assert report["steps_with_context_over_full_history"] == 0
+    assert report["compactions_over_trigger"] == 0
     assert report["message_updates_per_compaction"] == {"1": report["compactions"]}
     assert "token reduction at turn >= 20" in done.stdout
 

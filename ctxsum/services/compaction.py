@@ -13,6 +13,7 @@ import hashlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
@@ -169,20 +170,30 @@ def _release(conversation: Conversation, token: str) -> None:
     )
 
 
+def summary_prompt(budget: int) -> str:
+    """The instruction a summarizer call gets: PROMPT, then this summary's length budget."""
+    length = LENGTH_BUDGET.format(tokens=budget, words=budget * 3 // 4)
+    return f"{ctxsum_settings.PROMPT}\n\n{length}"
+
+
+def history_room(prompt: str, count: Callable[[str], int]) -> int:
+    """Tokens of formatted history one summarizer call can take beside ``prompt`` and the
+    answer."""
+    return ctxsum_settings.SUMMARY_INPUT_BUDGET - count(prompt) - ctxsum_settings.SUMMARY_MAX_TOKENS
+
+
 def _summarize(context: ActiveContext, archived: list[Message], plan: Plan, token: str) -> _Written:
     """Write the new summary from the previous one plus the archived messages, in as many
     calls as the summarizer's input budget needs: every archived message reaches it."""
     conversation = context.conversation
     summarizer = get_summarizer()
     model = summary_model(conversation)
-    budget = plan.summary_budget
-    words = budget * 3 // 4
-    prompt = f"{ctxsum_settings.PROMPT}\n\n{LENGTH_BUDGET.format(tokens=budget, words=words)}"
+    prompt = summary_prompt(plan.summary_budget)
 
     def count(text: str) -> int:
         return tokens.count_text(text, model=conversation.model or None)
 
-    room = ctxsum_settings.SUMMARY_INPUT_BUDGET - count(prompt) - ctxsum_settings.SUMMARY_MAX_TOKENS
+    room = history_room(prompt, count)
     if room < MIN_CHUNK_BUDGET:
         raise SummarizerError(BUDGET_TOO_SMALL.format(budget=room))
     chunks = formatting.chunk_history(
@@ -195,7 +206,9 @@ def _summarize(context: ActiveContext, archived: list[Message], plan: Plan, toke
         if index:
             _renew(conversation, token)
         history = formatting.with_summary_so_far(text, chunk)
-        text = summarizer.summarize(prompt=prompt, history=history, model=model, budget=budget)
+        text = summarizer.summarize(
+            prompt=prompt, history=history, model=model, budget=plan.summary_budget
+        )
         if not text or not text.strip():
             raise SummarizerError(BLANK_SUMMARY)
         text = text.strip()

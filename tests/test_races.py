@@ -1,0 +1,630 @@
+"""Races between compaction, tool results and deletes, on PostgreSQL row locks.
+
+Each worker is a thread with its own database connection, the way separate processes share
+one database. The summarizer is the real OpenAI backend talking to a local fake server in
+"hold" mode: a call stays in flight until the test calls ``release()``, and a worker waiting
+on a row lock is detected with ``pg_blocking_pids``. No sleep decides an outcome.
+
+- a tool result that arrives while its request is being summarized makes the compaction a
+  conflict (nothing written), whether it arrives during the call or while the commit waits
+  for the row lock; a result for a call kept verbatim does not;
+- a result that arrives after the commit, or while the commit holds the lock, is refused
+  with an error naming ``tool_call_id``, over the service and over REST;
+- appenders of call/result pairs racing two compactors never leave an orphan result;
+- a delete racing appends or a held compaction answers 404 / DoesNotExist, never a 500.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from rest_framework.test import APIClient
+
+from ctxsum.exceptions import MessagesInvalid
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, ToolCall
+from ctxsum.policy import Reason
+from ctxsum.selectors import context_get
+from ctxsum.services import conversation_create, conversation_delete, message_append
+from ctxsum.services.compaction import conversation_compact
+from ctxsum.validation import TOOL_CALL_ID_ARCHIVED
+from tests.invariants import assert_context_invariants
+from tests.openai_server import FakeOpenAI
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="needs PostgreSQL row locks; set DATABASE_URL",
+    ),
+    pytest.mark.django_db(transaction=True),
+]
+
+SAFETY_NET = 15  # seconds a held summarizer call waits at most for release()
+# Long enough that the fake's "Summary of N chars." is always smaller than what it replaces.
+FILLER = (
+    "wants a morning flight to Delhi on October 20 with a window seat, a budget of 400 EUR, "
+    "vegetarian meals, a hotel near Connaught Place for three nights, airport transfers both "
+    "ways, travel insurance, and a reminder by email one day before the departure."
+)
+POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
+
+
+def user_message(tag: str) -> dict[str, Any]:
+    return {"role": "user", "content": f"{tag}: the traveller {FILLER}"}
+
+
+def calling(*call_ids: str) -> dict[str, Any]:
+    """An assistant message requesting the tools ``call_ids``, in parallel."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": "search_flights", "arguments": '{"to": "DEL"}'},
+            }
+            for call_id in call_ids
+        ],
+    }
+
+
+def result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": f"{call_id}: found {FILLER}"}
+
+
+def archived_refusal(call_id: str) -> dict[str, list[str]]:
+    return {"tool_call_id": [TOOL_CALL_ID_ARCHIVED.format(id=call_id)]}
+
+
+class Worker(threading.Thread):
+    """Runs ``work`` on its own connection; ``pid`` is that connection's backend, known
+    once ``started`` is set; ``outcome()`` joins and returns or re-raises."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.work = work
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.pid: int | None = None
+        self.started = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.pid = backend_pid()
+            self.started.set()
+            self.result = self.work()
+        except BaseException as error:
+            self.error = error
+        finally:
+            self.started.set()
+            connection.close()
+
+    def outcome(self, timeout: float = 30) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), "the worker did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def start(work: Callable[[], Any]) -> Worker:
+    worker = Worker(work)
+    worker.start()
+    assert worker.started.wait(10)
+    return worker
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def blocked(pid: int | None) -> bool:
+    """Whether the backend ``pid`` waits for a lock another backend holds (a live view,
+    unlike pg_stat_activity, which keeps one snapshot per transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT cardinality(pg_blocking_pids(%s))", [pid])
+        return cursor.fetchone()[0] > 0
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def compact_in_thread(conversation: Conversation, **kwargs: Any) -> Worker:
+    pk = conversation.pk
+    return start(
+        lambda: conversation_compact(conversation=Conversation.objects.get(pk=pk), **kwargs)
+    )
+
+
+def attempts(conversation: Conversation) -> list[tuple[str, str]]:
+    rows = CompactionAttempt.objects.filter(conversation=conversation)
+    return sorted(rows.values_list("outcome", "reason"))
+
+
+def rows_left(pk: Any) -> dict[str, int]:
+    """Rows of every table that still belong to conversation ``pk``."""
+    return {
+        model.__name__: model.objects.filter(conversation_id=pk).count()
+        for model in (Message, ToolCall, Summary, CompactionAttempt)
+    } | {"Conversation": Conversation.objects.filter(pk=pk).count()}
+
+
+NOTHING_LEFT = dict.fromkeys(("Message", "ToolCall", "Summary", "CompactionAttempt"), 0) | {
+    "Conversation": 0
+}
+
+
+@pytest.fixture
+def fake(settings, monkeypatch):
+    # A proxy from the environment must not capture requests to the local server.
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    server = FakeOpenAI(mode="hold", delay=SAFETY_NET)
+    settings.CTXSUM = {
+        **getattr(settings, "CTXSUM", {}),
+        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
+        "SUMMARIZER_OPTIONS": {"base_url": server.base_url, "api_key": "test"},
+        "SUMMARY_TIMEOUT": 20,
+        "LEASE_SECONDS": 30,
+    }
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def create(owner: Any, messages: list[dict[str, Any]], **policy: Any) -> Conversation:
+    return conversation_create(owner=owner, messages=messages, **(policy or POLICY))
+
+
+def assert_untouched(conversation: Conversation, originals: list[dict[str, Any]]) -> None:
+    """Nothing was compacted: no summary, every message active, the lease given back."""
+    assert not Summary.objects.filter(conversation=conversation).exists()
+    assert Message.objects.filter(conversation=conversation).active().count() == len(originals)
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "" and conversation.leased_at is None
+    assert_context_invariants(conversation, original_messages=originals)
+
+
+def assert_compacts_again(conversation: Conversation, originals: list[dict[str, Any]]) -> None:
+    """A later compaction succeeds, keeping every tool round whole."""
+    again = conversation_compact(conversation=conversation, force=True)
+    assert again.compacted, again.reason
+    assert_context_invariants(conversation, original_messages=originals)
+
+
+# The orphan scenario: a result arrives while its request is being summarized.
+
+ORPHAN_HISTORY = [
+    user_message("u0"),
+    calling("call_x"),
+    user_message("u2"),
+    user_message("u3"),
+    user_message("u4"),
+]
+
+
+def test_a_result_for_an_archived_request_arriving_during_the_call_is_a_conflict(user, fake):
+    conversation = create(user, ORPHAN_HISTORY)
+    worker = compact_in_thread(conversation, force=True)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+
+    # Its request is still active: the result is accepted.
+    answer = result("call_x")
+    (stored,) = message_append(conversation=conversation, messages=[answer]).messages
+    assert stored.seq == len(ORPHAN_HISTORY)
+
+    fake.release()
+    outcome = worker.outcome()
+    assert [row.seq for row in outcome.archived] == [0, 1, 2], "call_x was not being archived"
+    assert outcome.reason == Reason.CONFLICT and not outcome.compacted
+    assert outcome.summary is None
+    assert attempts(conversation) == [("conflict", "conflict")]
+    originals = [*ORPHAN_HISTORY, answer]
+    assert_untouched(conversation, originals)
+
+    assert_compacts_again(conversation, originals)
+    context = context_get(conversation=conversation).messages
+    assert context[-len(originals) + 1 :] == originals[1:], "the tool round was split"
+
+
+@pytest.mark.parametrize("arriving", ["one", "all"])
+def test_parallel_results_for_archived_requests_arriving_during_the_call(user, fake, arriving):
+    history = [
+        user_message("u0"),
+        calling("call_a", "call_b", "call_c"),
+        user_message("u2"),
+        user_message("u3"),
+        user_message("u4"),
+    ]
+    conversation = create(user, history)
+    worker = compact_in_thread(conversation, force=True)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+
+    if arriving == "one":
+        during = [result("call_b")]
+        message_append(conversation=conversation, messages=during)
+    else:
+        during = [result("call_a"), result("call_b"), result("call_c")]
+        message_append(conversation=conversation, messages=during[:1])
+        message_append(conversation=conversation, messages=during[1:])  # one batch
+
+    fake.release()
+    outcome = worker.outcome()
+    assert 1 in [row.seq for row in outcome.archived]
+    assert outcome.reason == Reason.CONFLICT and not outcome.compacted
+    assert attempts(conversation) == [("conflict", "conflict")]
+    originals = [*history, *during]
+    assert_untouched(conversation, originals)
+
+    # The request stayed active: the other results are still accepted.
+    later = [result(call_id) for call_id in ("call_a", "call_c")] if arriving == "one" else []
+    if later:
+        message_append(conversation=conversation, messages=later)
+    assert_compacts_again(conversation, [*originals, *later])
+
+
+def test_a_result_for_a_kept_request_arriving_during_the_call_is_no_conflict(user, fake):
+    history = [
+        user_message("u0"),
+        user_message("u1"),
+        user_message("u2"),
+        calling("call_k"),
+        user_message("u4"),
+    ]
+    conversation = create(user, history)
+    worker = compact_in_thread(conversation, force=True)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    answer = result("call_k")
+    message_append(conversation=conversation, messages=[answer])
+
+    fake.release()
+    outcome = worker.outcome()
+    assert outcome.compacted, outcome.reason
+    assert [row.seq for row in outcome.archived] == [0, 1, 2]
+    context = context_get(conversation=conversation).messages
+    assert context[1:] == [calling("call_k"), user_message("u4"), answer]
+    assert_context_invariants(conversation, original_messages=[*history, answer])
+
+
+# A result arriving after the commit, or while the commit holds the row lock.
+
+
+def compact_archiving_call_x(user: Any, fake: FakeOpenAI) -> Conversation:
+    conversation = create(user, ORPHAN_HISTORY)
+    worker = compact_in_thread(conversation, force=True)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    fake.release()
+    outcome = worker.outcome()
+    assert outcome.compacted, outcome.reason
+    assert [row.seq for row in outcome.archived] == [0, 1, 2]
+    return conversation
+
+
+def test_a_result_arriving_after_the_commit_is_refused(user, fake, api):
+    conversation = compact_archiving_call_x(user, fake)
+    conversation.refresh_from_db()
+    before = (conversation.revision, conversation.message_count, conversation.active_tokens)
+
+    with pytest.raises(MessagesInvalid) as refused:
+        message_append(conversation=conversation, messages=[result("call_x")])
+    assert refused.value.per_message == [archived_refusal("call_x")]
+    # All or none: a valid message in the same batch is not stored either.
+    with pytest.raises(MessagesInvalid) as refused:
+        message_append(conversation=conversation, messages=[user_message("fine"), result("call_x")])
+    assert refused.value.per_message == [{}, archived_refusal("call_x")]
+
+    url = f"/api/conversations/{conversation.pk}/messages/"
+    response = api.post(url, result("call_x"), format="json")
+    assert response.status_code == 400
+    assert response.json() == archived_refusal("call_x")
+    response = api.post(url, {"messages": [user_message("ok"), result("call_x")]}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"messages": [{}, archived_refusal("call_x")]}
+
+    conversation.refresh_from_db()
+    after = (conversation.revision, conversation.message_count, conversation.active_tokens)
+    assert after == before, "a refused append changed the conversation"
+    assert_context_invariants(conversation, original_messages=ORPHAN_HISTORY)
+
+
+def test_a_result_arriving_while_the_commit_holds_the_lock_waits_and_is_refused(user, fake):
+    """The commit has locked the conversation row (it is held inside, on the summary
+    table); the append queues on the row lock and, once the commit is done, finds its
+    request archived."""
+    conversation = create(user, ORPHAN_HISTORY)
+    worker = compact_in_thread(conversation, force=True)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    pk = conversation.pk
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {Summary._meta.db_table} IN SHARE MODE")
+        fake.release()
+        # The commit holds the conversation row and waits to insert the summary.
+        assert wait_until(lambda: blocked(worker.pid)), "the commit never waited"
+        appender = start(
+            lambda: message_append(
+                conversation=Conversation.objects.get(pk=pk), messages=[result("call_x")]
+            )
+        )
+        assert wait_until(lambda: blocked(appender.pid)), "the append never waited"
+        assert worker.is_alive() and appender.is_alive()
+
+    outcome = worker.outcome()
+    assert outcome.compacted, outcome.reason
+    with pytest.raises(MessagesInvalid) as refused:
+        appender.outcome()
+    assert refused.value.per_message == [archived_refusal("call_x")]
+    assert_context_invariants(conversation, original_messages=ORPHAN_HISTORY)
+
+
+def test_a_result_stored_while_the_commit_waits_for_the_lock_is_a_conflict(user, fake):
+    """The append holds the conversation row when the compaction comes to commit: the
+    commit waits, then sees the result for a request it would archive."""
+    conversation = create(user, ORPHAN_HISTORY)
+    worker = compact_in_thread(conversation, force=True)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    answer = result("call_x")
+
+    with transaction.atomic():
+        Conversation.objects.select_for_update().get(pk=conversation.pk)
+        fake.release()
+        assert wait_until(lambda: blocked(worker.pid)), "the commit never waited for the lock"
+        # Inside the lock: its request is still active, so the result is accepted.
+        message_append(conversation=conversation, messages=[answer])
+        assert worker.is_alive()
+
+    outcome = worker.outcome()
+    assert outcome.reason == Reason.CONFLICT and not outcome.compacted
+    assert attempts(conversation) == [("conflict", "conflict")]
+    originals = [*ORPHAN_HISTORY, answer]
+    assert_untouched(conversation, originals)
+    assert_compacts_again(conversation, originals)
+
+
+# Many appenders of call/result pairs racing two compactors.
+
+APPENDERS = 8
+ROUNDS = 6
+# Odd appenders wait this long between a call and its result, so that compactions commit
+# with calls still pending (their results are then refused); even ones answer at once, so
+# that results arrive during a compaction's call (a conflict). Pacing only: every outcome
+# is allowed, the invariants decide.
+PAUSE = 0.25
+COMPACTOR_REASONS = {
+    Reason.COMPACTED,
+    Reason.IN_PROGRESS,
+    Reason.CONFLICT,
+    Reason.NOTHING_TO_SUMMARIZE,
+    Reason.NO_GAIN,
+}
+
+
+def test_call_result_pairs_racing_two_compactors_leave_no_orphan(user, fake):
+    fake.release()  # every summarizer call answers at once
+    system = {"role": "system", "content": "You book trips."}
+    conversation = conversation_create(
+        owner=user,
+        system=system["content"],
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
+    pk = conversation.pk
+    lock = threading.Lock()
+    stored: dict[int, dict[str, Any]] = {}  # seq -> message, for every accepted append
+    refused: list[str] = []
+    reasons: list[str] = []
+    appenders_done = threading.Event()
+    barrier = threading.Barrier(APPENDERS + 2)
+
+    def append(mine: Conversation, message: dict[str, Any]) -> bool:
+        try:
+            (row,) = message_append(conversation=mine, messages=[message]).messages
+        except MessagesInvalid as error:
+            call_id = message.get("tool_call_id")
+            assert call_id and error.per_message == [archived_refusal(call_id)], error
+            with lock:
+                refused.append(call_id)
+            return False
+        with lock:
+            stored[row.seq] = message
+        return True
+
+    def appender(index: int) -> None:
+        mine = Conversation.objects.get(pk=pk)
+        barrier.wait(timeout=10)
+        for number in range(ROUNDS):
+            call_id = f"call_{index}_{number}"
+            assert append(mine, calling(call_id)), "a tool call was refused"
+            if index % 2:
+                time.sleep(PAUSE)
+            append(mine, result(call_id))
+
+    def compactor() -> None:
+        mine = Conversation.objects.get(pk=pk)
+        barrier.wait(timeout=10)
+        while not appenders_done.is_set():
+            outcome = conversation_compact(conversation=mine, force=True)
+            with lock:
+                reasons.append(outcome.reason)
+
+    appenders = [start(lambda index=index: appender(index)) for index in range(APPENDERS)]
+    compactors = [start(compactor) for _ in range(2)]
+    for worker in appenders:
+        worker.outcome(timeout=60)
+    appenders_done.set()
+    for worker in compactors:
+        worker.outcome(timeout=60)
+
+    assert set(reasons) <= COMPACTOR_REASONS, sorted(set(reasons))
+    # Overlapping tool rounds may leave no safe cut; two plain messages end every round.
+    closing = [user_message("closing 1"), user_message("closing 2")]
+    for message in closing:
+        assert append(conversation, message)
+    final = conversation_compact(conversation=conversation, force=True)
+    assert final.compacted, final.reason
+    assert len(stored) + len(refused) == APPENDERS * ROUNDS * 2 + len(closing)
+    assert sorted(stored) == list(range(1, len(stored) + 1))
+    originals = [system, *(stored[seq] for seq in sorted(stored))]
+    assert_context_invariants(conversation, original_messages=originals)
+    # A refused result's request is archived; no active result lacks its request.
+    archived_calls = set(
+        ToolCall.objects.filter(
+            conversation=conversation, message__summary__isnull=False
+        ).values_list("call_id", flat=True)
+    )
+    assert set(refused) <= archived_calls
+    context = context_get(conversation=conversation).messages
+    requested = {call["id"] for message in context for call in message.get("tool_calls") or ()}
+    results = [message["tool_call_id"] for message in context if message["role"] == "tool"]
+    assert set(results) <= requested, "an orphan tool result is in the context"
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == ""
+
+
+# Deletes racing appends and a held compaction.
+
+DELETE_ROUNDS = 3
+DELETE_APPENDERS = 4
+
+
+def append_until_deleted(user: Any, pk: Any, via: str, first: threading.Event) -> list[str]:
+    """Append until the conversation is gone; return what each append answered (201 or
+    404). ``first`` is set after the first answer."""
+    answers: list[str] = []
+    client = APIClient()
+    client.force_authenticate(user)
+    mine = Conversation.objects.get(pk=pk)
+    for number in range(500):
+        message = user_message(f"m{number}")
+        if via == "rest":
+            response = client.post(f"/api/conversations/{pk}/messages/", message, format="json")
+            answers.append(str(response.status_code))
+            if response.status_code == 404:
+                assert response.json() == {"detail": "No such conversation."}
+        else:
+            try:
+                message_append(conversation=mine, messages=[message])
+                answers.append("201")
+            except Conversation.DoesNotExist:
+                answers.append("404")
+        first.set()
+        if answers[-1] == "404":
+            break
+    return answers
+
+
+@pytest.mark.parametrize("via", ["service", "rest"])
+def test_a_delete_racing_appends_answers_404_never_500(user, api, via):
+    """Any other exception (an IntegrityError, a 500 the test client re-raises) fails the
+    appender that met it."""
+    for _ in range(DELETE_ROUNDS):
+        conversation = conversation_create(owner=user, **POLICY)
+        pk = conversation.pk
+        firsts = [threading.Event() for _ in range(DELETE_APPENDERS)]
+        appenders = [start(partial(append_until_deleted, user, pk, via, first)) for first in firsts]
+        for first in firsts:
+            assert first.wait(10), "an appender never got to append"
+        if via == "rest":
+            assert api.delete(f"/api/conversations/{pk}/").status_code == 204
+        else:
+            conversation_delete(conversation=conversation)
+
+        for worker in appenders:
+            answers = worker.outcome()
+            assert answers[-1] == "404", answers[-5:]
+            assert set(answers[:-1]) == {"201"}, answers
+        assert rows_left(pk) == NOTHING_LEFT
+
+
+@pytest.mark.parametrize("via", ["service", "rest"])
+def test_a_delete_during_a_held_compaction(user, fake, api, via):
+    conversation = create(user, ORPHAN_HISTORY)
+    pk = conversation.pk
+    url = f"/api/conversations/{pk}/"
+
+    def compact() -> Any:
+        if via == "service":
+            return conversation_compact(conversation=Conversation.objects.get(pk=pk), force=True)
+        client = APIClient()
+        client.force_authenticate(user)
+        return client.post(f"{url}compact/", {"force": True}, format="json")
+
+    worker = start(compact)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    if via == "service":
+        conversation_delete(conversation=conversation)
+    else:
+        assert api.delete(url).status_code == 204
+    assert rows_left(pk) == NOTHING_LEFT
+
+    fake.release()
+    if via == "service":
+        with pytest.raises(Conversation.DoesNotExist):
+            worker.outcome()
+    else:
+        response = worker.outcome()
+        assert response.status_code == 404
+        assert response.json() == {"detail": "No such conversation."}
+    assert rows_left(pk) == NOTHING_LEFT
+
+
+def test_a_delete_waits_for_a_compaction_commit_in_progress(user, fake):
+    """The commit holds the conversation row (held inside, on the summary table): the delete
+    queues behind it and then removes the new summary with everything else."""
+    conversation = create(user, ORPHAN_HISTORY)
+    pk = conversation.pk
+    worker = compact_in_thread(conversation, force=True)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {Summary._meta.db_table} IN SHARE MODE")
+        fake.release()
+        assert wait_until(lambda: blocked(worker.pid)), "the commit never waited"
+        deleter = start(lambda: conversation_delete(conversation=Conversation.objects.get(pk=pk)))
+        assert wait_until(lambda: blocked(deleter.pid)), "the delete never waited"
+
+    outcome = worker.outcome()
+    assert outcome.compacted, outcome.reason
+    deleter.outcome()
+    assert rows_left(pk) == NOTHING_LEFT
+
+
+def test_an_auto_compaction_whose_conversation_is_deleted_mid_call(user, fake, api, settings):
+    """The append has committed when its automatic compaction starts: it answers 201 and
+    reports the compaction as a conflict, never a 500."""
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    conversation = create(user, ORPHAN_HISTORY[:4])  # one short of the trigger
+    pk = conversation.pk
+    client = APIClient()
+    client.force_authenticate(user)
+    url = f"/api/conversations/{pk}/"
+    appender = start(lambda: client.post(f"{url}messages/", user_message("u4"), format="json"))
+    assert fake.wait_for_in_flight(1, timeout=10), "the automatic compaction never started"
+    assert api.delete(url).status_code == 204
+
+    fake.release()
+    response = appender.outcome()
+    assert response.status_code == 201
+    compaction = response.json()["compaction"]
+    assert compaction["compacted"] is False
+    assert compaction["reason"] == "conflict"
+    assert compaction["detail"] == "The conversation was deleted."
+    assert rows_left(pk) == NOTHING_LEFT
