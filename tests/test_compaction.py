@@ -64,13 +64,18 @@ def hook_summarizer(settings):
     return HookSummarizer
 
 
+TRAVEL_POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
+
+
+@pytest.fixture
+def travel_policy_user(user, hook_summarizer):
+    return user
+
+
 @pytest.fixture
 def travel(user, hook_summarizer):
     conversation = services.conversation_create(
-        owner=user,
-        system="You are a travel assistant.",
-        trigger={"messages": 5},
-        keep={"messages": 2},
+        owner=user, system="You are a travel assistant.", **TRAVEL_POLICY
     )
     _turns(conversation, TRAVEL)
     return conversation
@@ -269,6 +274,89 @@ def test_lost_race_writes_nothing_and_records_a_conflict(travel, hook_summarizer
     )
     assert outcomes == ["compacted", "conflict"]
     assert Message.objects.filter(conversation=travel).count() == 6
+
+
+def test_a_range_changed_by_another_writer_rolls_the_whole_commit_back(travel, hook_summarizer):
+    # A writer outside ctxsum's services takes one message of the range out of the active
+    # context during the call: the archive UPDATE then touches fewer rows than the snapshot
+    # had, and the summary inserted just before it must go too.
+    def foreign_write():
+        Message.objects.filter(conversation=travel, seq=2).update(replaced_at=timezone.now())
+
+    hook_summarizer.during = foreign_write
+    result = conversation_compact(conversation=travel)
+
+    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
+    assert not Summary.objects.filter(conversation=travel).exists()
+    assert not Message.objects.filter(conversation=travel).archived().exists()
+    travel.refresh_from_db()
+    assert (travel.lease_owner, travel.active_message_count) == ("", 6)
+
+
+def test_a_result_for_a_request_being_archived_is_a_conflict(user, hook_summarizer):
+    call = {"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    conversation = services.conversation_create(
+        owner=user,
+        trigger={"messages": 5},
+        keep={"messages": 2},
+        messages=[
+            {"role": "user", "content": "Look it up, then tell me. " * 5},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            *[{"role": "user", "content": f"Still waiting ({n})."} for n in range(3)],
+        ],
+    )
+    late = {"role": "tool", "tool_call_id": "call_x", "content": "Found it."}
+
+    def result_arrives():
+        # Its request is still active: the append is accepted.
+        services.message_append(conversation=conversation, messages=[late])
+
+    hook_summarizer.during = result_arrives
+    result = conversation_compact(conversation=conversation)
+
+    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
+    assert [row.seq for row in result.archived] == [0, 1, 2]
+    assert not Summary.objects.filter(conversation=conversation).exists()
+    # The next compaction sees the result and keeps it with its request.
+    again = conversation_compact(conversation=conversation)
+    assert again.compacted and [row.seq for row in again.archived] == [0]
+    assert again.context.messages[1]["tool_calls"] == [call]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_message_append_from_python_auto_compacts(travel_policy_user, settings):
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    conversation = services.conversation_create(
+        owner=travel_policy_user, system="You are a travel assistant.", **TRAVEL_POLICY
+    )
+    appended = [
+        services.message_append(conversation=conversation, messages=[{"role": r, "content": t}])
+        for r, t in TRAVEL
+    ]
+
+    # With the system message, the fourth append reaches the trigger, but a summary of two
+    # short turns is no gain; the fifth grows the range and compacts.
+    reasons = [a.compaction.reason for a in appended]
+    assert reasons == ["below_trigger"] * 3 + ["no_gain", "compacted"]
+    assert appended[-1].compaction.summary_version == 1
+    assert appended[-1].messages[0].seq == 5
+    assert Summary.objects.get(conversation=conversation).to_seq == 3
+
+
+def test_inside_a_callers_transaction_auto_compaction_waits_for_the_commit(
+    travel, settings, django_capture_on_commit_callbacks
+):
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        appended = services.message_append(
+            conversation=travel, messages=[{"role": "assistant", "content": "Window seat?"}]
+        )
+        # The summarizer call must not run while this transaction holds the row lock.
+        assert appended.compaction.reason == Reason.DEFERRED
+        assert not Summary.objects.filter(conversation=travel).exists()
+    # The append's signal, the compaction, then the compaction's own summary_created.
+    assert len(callbacks) == 3
+    assert Summary.objects.filter(conversation=travel).count() == 1
 
 
 def test_failure_changes_nothing_records_and_signals(

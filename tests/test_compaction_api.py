@@ -251,3 +251,118 @@ def test_failed_auto_compaction_never_undoes_the_append(api, user, openai_summar
     assert response.json()["compaction"]["reason"] == "summarizer_error"
     assert Message.objects.filter(conversation_id=created["id"], seq=3).active().exists()
     assert not Summary.objects.filter(conversation_id=created["id"]).exists()
+
+
+def test_a_reply_cut_off_at_max_tokens_is_502_summary_truncated(
+    api, conversation, openai_summarizer
+):
+    openai_summarizer.reply = "The user compared Delhi and Mumbai and then"
+    openai_summarizer.finish_reason = "length"
+    before = _state(api, conversation)
+
+    response = api.post(f"/api/conversations/{conversation.pk}/compact/", {}, format="json")
+
+    assert response.status_code == 502
+    data = response.json()
+    assert (data["code"], data["reason"]) == ("summarizer_error", "summary_truncated")
+    assert "cut off" in data["detail"]
+    assert len(openai_summarizer.requests) == 1
+    assert _state(api, conversation) == before
+    attempt = CompactionAttempt.objects.get(conversation=conversation)
+    assert (attempt.outcome, attempt.reason) == ("failed", "summary_truncated")
+    assert not Summary.objects.filter(conversation=conversation).exists()
+
+
+@pytest.mark.parametrize(("conversation_model", "sent"), [("gpt-4.1", "gpt-4.1"), ("", "gpt-4o")])
+def test_a_blank_summary_model_summarizes_with_the_conversations_model(
+    api, user, openai_summarizer, settings, conversation_model, sent
+):
+    settings.CTXSUM = {**settings.CTXSUM, "SUMMARY_MODEL": "", "DEFAULT_MODEL": "gpt-4o"}
+    created = api.post(
+        "/api/conversations/",
+        {
+            "model": conversation_model,
+            "messages": HISTORY,
+            "policy": {"trigger": {"messages": 6}, "keep": {"messages": 2}},
+        },
+        format="json",
+    ).json()
+
+    response = api.post(f"/api/conversations/{created['id']}/compact/", {}, format="json")
+
+    assert response.status_code == 200, response.json()
+    (request,) = openai_summarizer.requests
+    assert request["body"]["model"] == sent  # never ""
+    assert response.json()["summary"]["model"] == sent
+    assert Summary.objects.get(conversation_id=created["id"]).model == sent
+
+
+def test_a_summary_no_smaller_than_what_it_replaces_is_not_committed(
+    api, conversation, openai_summarizer
+):
+    openai_summarizer.reply = "A long-winded summary. " * 200
+    before = _state(api, conversation)
+    url = f"/api/conversations/{conversation.pk}/compact/"
+
+    first = api.post(url, {}, format="json").json()
+
+    assert (first["compacted"], first["reason"]) == (False, "no_gain")
+    assert _state(api, conversation) == before
+    attempt = CompactionAttempt.objects.get(conversation=conversation)
+    assert (attempt.outcome, attempt.reason) == ("skipped", "no_gain")
+    assert (attempt.from_seq, attempt.to_seq) == (1, 5)
+    # The same range is not sent to the summarizer again ...
+    second = api.post(url, {}, format="json").json()
+    assert second["reason"] == "no_gain"
+    assert len(openai_summarizer.requests) == 1
+    # ... until it has grown.
+    openai_summarizer.reply = None
+    api.post(
+        f"/api/conversations/{conversation.pk}/messages/",
+        {"role": "user", "content": "The 12th to the 14th."},
+        format="json",
+    )
+    third = api.post(url, {}, format="json").json()
+    assert (third["compacted"], third["summary"]["covers"]) == (
+        True,
+        {"from_seq": 1, "to_seq": 6},
+    )
+    assert len(openai_summarizer.requests) == 2
+
+
+def test_the_prompt_asks_for_a_summary_smaller_than_what_it_replaces(
+    api, conversation, openai_summarizer
+):
+    api.post(f"/api/conversations/{conversation.pk}/compact/", {}, format="json")
+
+    prompt = openai_summarizer.requests[0]["body"]["messages"][0]["content"]
+    budget = int(re.search(r"under (\d+) tokens", prompt).group(1))
+    archived = Message.objects.filter(conversation=conversation).archived()
+    replaced = sum(archived.values_list("token_count", flat=True))
+    assert 32 <= budget < replaced
+
+
+def test_a_context_over_its_ceiling_says_so(api, user, openai_summarizer):
+    created = api.post(
+        "/api/conversations/",
+        {
+            "messages": [{"role": "user", "content": LONG_TEXT}] * 3,
+            "policy": {"trigger": {"messages": 50}, "keep": {"messages": 8}},
+        },
+        format="json",
+    ).json()
+    url = f"/api/conversations/{created['id']}"
+    context = api.get(f"{url}/context/").json()
+    assert context["over_max_context_tokens"] is False
+
+    patched = api.patch(
+        f"{url}/", {"policy": {"max_context_tokens": context["token_count"] - 1}}, format="json"
+    )
+    assert patched.status_code == 200, patched.json()
+
+    assert api.get(f"{url}/context/").json()["over_max_context_tokens"] is True
+    # Above the ceiling, a compaction runs although the trigger is far off.
+    compacted = api.post(f"{url}/compact/", {}, format="json").json()
+    assert compacted["compacted"] is True
+    assert compacted["context"]["over_max_context_tokens"] is False
+    assert compacted["context"]["token_count"] < context["token_count"]
