@@ -372,62 +372,103 @@ def plan_compaction(
     count = len(messages)
     if len(tokens) != count:
         raise ValueError(f"{len(tokens)} token counts for {count} messages.")
-    start = history_start(leading=leading, has_summary=has_summary)
+    estimate = _Estimates(
+        tokens, leading=leading, has_summary=has_summary, policy=policy, sizing=sizing
+    )
+    start = estimate.start
     if start > count:
         raise ValueError(f"history_start {start} is past the {count} messages.")
-    tokens_before = context_tokens(tokens)
-    trigger, ceiling = policy.trigger, policy.max_context_tokens
-    over_ceiling = ceiling is not None and tokens_before > ceiling
-    if not force and not over_ceiling and not trigger.reached(count, tokens_before):
-        return Plan(Reason.BELOW_TRIGGER, start, start, count, tokens_before, count, tokens_before)
-
-    goal = _goal_tokens(policy, sizing.target_ratio)
-    pinned = list(tokens[: int(leading)])
-    previous = tokens[int(leading)] if has_summary else 0
-    # archived[c]: tokens of the messages a compaction at cutoff c archives.
-    archived = [0] * (count + 1)
-    for index in range(start, count):
-        archived[index + 1] = archived[index] + tokens[index]
-
-    def plan(reason: Reason, cutoff: int) -> Plan:
-        if reason != Reason.COMPACTED:
-            return Plan(reason, start, cutoff, count, tokens_before, count, tokens_before)
-        budget = summary_budget(
-            previous_tokens=previous,
-            archived_tokens=archived[cutoff],
-            max_tokens=sizing.summary_max_tokens,
-            goal_tokens=goal,
-        )
-        count_after = int(leading) + 1 + (count - cutoff)
-        tokens_after = context_tokens([*pinned, budget + sizing.summary_overhead, *tokens[cutoff:]])
-        over = trigger.reached(count_after, tokens_after) or (
-            ceiling is not None and tokens_after > ceiling
-        )
-        return Plan(
-            reason, start, cutoff, count, tokens_before, count_after, tokens_after, budget, over
-        )
+    due = estimate.over(count, estimate.tokens_before)
+    if not force and not due:
+        return estimate.unchanged(Reason.BELOW_TRIGGER)
 
     boundaries = _ToolBoundaries(messages, start)
     # The newest message and its tool round always stay verbatim.
     last = boundaries.safe(count - 1) if count > start else start
     if last <= start:
-        return plan(Reason.NOTHING_TO_SUMMARIZE, start)
+        return estimate.unchanged(Reason.NOTHING_TO_SUMMARIZE)
     cutoff = min(boundaries.safe(retention_cutoff(tokens, start=start, keep=policy.keep)), last)
     if cutoff > start:
-        preferred = plan(Reason.COMPACTED, cutoff)
+        preferred = estimate.compaction(cutoff)
         if not preferred.over_trigger:
             return preferred
-    elif not over_ceiling and not trigger.reached(count, tokens_before):
+    elif not due:
         # A forced compaction of a context whose every message retention keeps.
-        return plan(Reason.NOTHING_TO_SUMMARIZE, start)
+        return estimate.unchanged(Reason.NOTHING_TO_SUMMARIZE)
     # Keeping all of ``keep`` would leave the context at the trigger: keep fewer, cutting
     # only between tool rounds, until the result lands at the target.
     for candidate in range(max(cutoff, start) + 1, last):
         if boundaries.safe(candidate) == candidate:
-            option = plan(Reason.COMPACTED, candidate)
-            if _lands(option, policy, sizing.target_ratio):
+            option = estimate.compaction(candidate)
+            if estimate.lands(option):
                 return option
-    return plan(Reason.COMPACTED, last)
+    return estimate.compaction(last)
+
+
+class _Estimates:
+    """The plans of one context, with what every candidate cutoff shares computed once."""
+
+    def __init__(
+        self,
+        tokens: Sequence[int],
+        *,
+        leading: bool,
+        has_summary: bool,
+        policy: Policy,
+        sizing: Sizing,
+    ) -> None:
+        self.tokens, self.leading, self.policy, self.sizing = tokens, leading, policy, sizing
+        self.count = count = len(tokens)
+        self.start = start = history_start(leading=leading, has_summary=has_summary)
+        self.tokens_before = context_tokens(tokens)
+        self.goal = _goal_tokens(policy, sizing.target_ratio)
+        self.previous = tokens[int(leading)] if has_summary else 0
+        # archived[c]: tokens of the messages a compaction at cutoff c archives.
+        self.archived = [0] * (count + 1)
+        for index in range(start, count):
+            self.archived[index + 1] = self.archived[index] + tokens[index]
+
+    def over(self, message_count: int, token_count: int) -> bool:
+        """Whether a context of this size reaches the trigger or exceeds the ceiling."""
+        ceiling = self.policy.max_context_tokens
+        exceeds = ceiling is not None and token_count > ceiling
+        return exceeds or self.policy.trigger.reached(message_count, token_count)
+
+    def unchanged(self, reason: Reason) -> Plan:
+        count, size = self.count, self.tokens_before
+        return Plan(reason, self.start, self.start, count, size, count, size)
+
+    def compaction(self, cutoff: int) -> Plan:
+        """Archiving ``[start:cutoff]``: the summary counted at its budget."""
+        budget = summary_budget(
+            previous_tokens=self.previous,
+            archived_tokens=self.archived[cutoff],
+            max_tokens=self.sizing.summary_max_tokens,
+            goal_tokens=self.goal,
+        )
+        pinned = self.tokens[: int(self.leading)]
+        summary = budget + self.sizing.summary_overhead
+        count_after = int(self.leading) + 1 + (self.count - cutoff)
+        tokens_after = context_tokens([*pinned, summary, *self.tokens[cutoff:]])
+        return Plan(
+            Reason.COMPACTED,
+            self.start,
+            cutoff,
+            self.count,
+            self.tokens_before,
+            count_after,
+            tokens_after,
+            budget,
+            self.over(count_after, tokens_after),
+        )
+
+    def lands(self, plan: Plan) -> bool:
+        """Whether a plan lands far enough below the trigger and the ceiling that the next
+        append does not compact again at once."""
+        ratio, ceiling = self.sizing.target_ratio, self.policy.max_context_tokens
+        if ceiling is not None and plan.tokens_after > int(ceiling * ratio):
+            return False
+        return self.policy.trigger.within(ratio, plan.message_count_after, plan.tokens_after)
 
 
 def _goal_tokens(policy: Policy, ratio: float) -> int | None:
@@ -436,12 +477,3 @@ def _goal_tokens(policy: Policy, ratio: float) -> int | None:
     limits = [policy.trigger.tokens, policy.max_context_tokens]
     goals = [int(limit * ratio) for limit in limits if limit is not None]
     return min(goals) if goals else None
-
-
-def _lands(plan: Plan, policy: Policy, ratio: float) -> bool:
-    """Whether a plan lands far enough below the trigger and the ceiling that the next
-    append does not compact again at once."""
-    ceiling = policy.max_context_tokens
-    if ceiling is not None and plan.tokens_after > int(ceiling * ratio):
-        return False
-    return policy.trigger.within(ratio, plan.message_count_after, plan.tokens_after)

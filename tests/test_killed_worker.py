@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-LEASE_SECONDS = 2
+LEASE_SECONDS = 5  # short, yet long enough to see it live on a loaded CI machine
 ROOT = Path(__file__).resolve().parents[1]
 FILLER = (
     "wants a morning flight to Delhi on October 20 with a window seat, a budget of 400 EUR, "

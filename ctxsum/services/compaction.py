@@ -302,6 +302,32 @@ def _archive(locked: Conversation, summary: Summary, archived: list[Message]) ->
         raise _Conflict
 
 
+# What a commit changes on the conversation row.
+COMMIT_FIELDS = (
+    "active_message_count",
+    "active_tokens",
+    "revision",
+    "lease_owner",
+    "leased_at",
+    "updated_at",
+)
+
+
+def _move_counters(
+    locked: Conversation, previous: Summary | None, summary: Summary, archived: list[Message]
+) -> None:
+    """The new summary replaces the old one and the archived rows: counters, revision, and
+    the lease released in the same write."""
+    archived_tokens = sum(row.token_count for row in archived)
+    old_summary_tokens = previous.token_count if previous else 0
+    locked.active_message_count -= len(archived)
+    locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
+    locked.revision += 1
+    locked.lease_owner = ""
+    locked.leased_at = None
+    locked.save(update_fields=COMMIT_FIELDS)
+
+
 def _commit(
     context: ActiveContext,
     plan: Plan,
@@ -317,23 +343,7 @@ def _commit(
         locked = _lock_snapshot(context, archived, token)
         summary = _insert_summary(locked, previous, archived, written)
         _archive(locked, summary, archived)
-        archived_tokens = sum(row.token_count for row in archived)
-        old_summary_tokens = previous.token_count if previous else 0
-        locked.active_message_count -= len(archived)
-        locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
-        locked.revision += 1
-        locked.lease_owner = ""
-        locked.leased_at = None
-        locked.save(
-            update_fields=[
-                "active_message_count",
-                "active_tokens",
-                "revision",
-                "lease_owner",
-                "leased_at",
-                "updated_at",
-            ]
-        )
+        _move_counters(locked, previous, summary, archived)
         attempt = CompactionAttempt.objects.create(
             conversation=locked,
             outcome=Outcome.COMPACTED,
@@ -421,23 +431,26 @@ def conversation_compact(
     )
     archived = _archived_rows(context, plan) if plan.compacts else []
     if dry_run or not plan.compacts:
-        reason = Reason.DRY_RUN if dry_run and plan.compacts else plan.reason
-        if not dry_run and reason in RECORDED_SKIPS:
-            _record(conversation, Outcome.SKIPPED, reason, plan, force=force)
-        over = plan.over_trigger if plan.compacts else over_trigger(context, policy)
-        return CompactionResult(
-            compacted=False,
-            reason=reason,
-            context=context,
-            plan=plan,
-            archived=archived,
-            over_trigger=over and reason != Reason.BELOW_TRIGGER,
-        )
+        return _planned_only(context, plan, policy, archived, force=force, dry_run=dry_run)
     if _had_no_gain(conversation, archived):
         return _skipped(context, plan, Reason.NO_GAIN, policy, force=force, archived=archived)
     token = _lease(conversation)
     if token is None:
         return _skipped(context, plan, Reason.IN_PROGRESS, policy, force=force)
+    return _compact_leased(context, plan, policy, archived, token, force=force)
+
+
+def _compact_leased(
+    context: ActiveContext,
+    plan: Plan,
+    policy: Policy,
+    archived: list[Message],
+    token: str,
+    *,
+    force: bool,
+) -> CompactionResult:
+    """Summarize and commit under the lease ``token``; release it whatever happens."""
+    conversation = context.conversation
     try:
         # Outside every transaction: the LLM call may take seconds and holds no lock.
         written = _summarize(context, archived, plan, token)
@@ -467,6 +480,30 @@ def conversation_compact(
         attempt=attempt,
         archived=archived,
         over_trigger=over_trigger(context, policy),
+    )
+
+
+def _planned_only(
+    context: ActiveContext,
+    plan: Plan,
+    policy: Policy,
+    archived: list[Message],
+    *,
+    force: bool,
+    dry_run: bool,
+) -> CompactionResult:
+    """A dry run, or a plan that compacts nothing: no lease, no call, no change."""
+    reason = Reason.DRY_RUN if dry_run and plan.compacts else plan.reason
+    if not dry_run and reason in RECORDED_SKIPS:
+        _record(context.conversation, Outcome.SKIPPED, reason, plan, force=force)
+    over = plan.over_trigger if plan.compacts else over_trigger(context, policy)
+    return CompactionResult(
+        compacted=False,
+        reason=reason,
+        context=context,
+        plan=plan,
+        archived=archived,
+        over_trigger=over and reason != Reason.BELOW_TRIGGER,
     )
 
 
@@ -501,7 +538,9 @@ def _failed(
     force: bool,
 ) -> None:
     reason = failure_reason(error)
-    logger.warning("Compaction of conversation %s failed: %s", conversation.pk, error)
+    # A summarizer failure is an operational event; anything else is a bug: its traceback.
+    log = logger.warning if isinstance(error, SummarizerError) else logger.exception
+    log("Compaction of conversation %s failed: %s", conversation.pk, error)
     attempt = _record(
         conversation,
         Outcome.FAILED,
