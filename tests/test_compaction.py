@@ -459,3 +459,16 @@ def test_compaction_queries_do_not_grow_with_the_archived_range(
 # update, counters, attempt, release): 8; the fresh context (conversation, summary,
 # messages): 3.
 COMPACTION_QUERIES = 16
+
+
+@pytest.mark.django_db(transaction=True)
+def test_creating_with_messages_auto_compacts_too(travel_policy_user, settings):
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    long_turns = [{"role": r, "content": f"{t} " * 8} for r, t in TRAVEL]
+
+    conversation = services.conversation_create(
+        owner=travel_policy_user, system="Sys", messages=long_turns, **TRAVEL_POLICY
+    )
+
+    assert conversation.active_message_count == 3  # system, the last two
+    assert Summary.objects.get(conversation=conversation).to_seq == 3

@@ -12,6 +12,7 @@ from django.utils import timezone
 from ctxsum import policy as policy_rules
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, Message
+from ctxsum.services.compaction import conversation_autocompact
 from ctxsum.services.messages import (
     message_rows,
     messages_clean,
@@ -60,7 +61,8 @@ def conversation_create(
     messages: Sequence[Any] | None = None,
 ) -> Conversation:
     """Create a conversation, with its system prompt and first messages if given, in one
-    transaction: all or nothing. No automatic compaction follows (an append's does)."""
+    transaction: all or nothing. With AUTO_COMPACT, a compaction follows once that has
+    committed, as after any append; its failure never undoes the creation."""
     policy_clean(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     batch = list(messages or [])
     leading: list[dict[str, Any]] = []
@@ -86,6 +88,10 @@ def conversation_create(
             tool_results_check(conversation, cleaned)
         if leading or cleaned:
             messages_store(conversation, message_rows(conversation, leading + cleaned, counts))
+    if cleaned:
+        # First messages are an append too: AUTO_COMPACT applies once they have committed.
+        conversation_autocompact(conversation=conversation)
+        conversation.refresh_from_db()
     return conversation
 
 
