@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from ctxsum.models import CompactionAttempt, Conversation, Summary
@@ -30,18 +27,17 @@ from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import conversation_create
 from ctxsum.services.messages import message_append
 from tests.invariants import assert_context_invariants
-from tests.openai_server import FakeOpenAI
+from tests.postgres import (
+    POSTGRES,
+    SAFETY_NET,
+    Worker,
+    attempts,
+    compact_in_thread,
+    held_openai,
+    wait_until,
+)
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.skipif(
-        connection.vendor != "postgresql",
-        reason="needs PostgreSQL row locks; set DATABASE_URL",
-    ),
-    pytest.mark.django_db(transaction=True),
-]
-
-SAFETY_NET = 15  # seconds a held summarizer call waits at most for release()
+pytestmark = POSTGRES
 LEASE_SECONDS = 30
 SYSTEM = {"role": "system", "content": "You are a travel agent."}
 HISTORY = [
@@ -72,49 +68,9 @@ HISTORY = [
 ORIGINAL = [SYSTEM, *HISTORY]  # system + 8 messages: over a trigger of 6
 
 
-class Worker(threading.Thread):
-    """Runs ``work`` on its own connection; ``outcome()`` joins and returns or re-raises."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.work = work
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.work()
-        except BaseException as error:
-            self.error = error
-        finally:
-            self.finished_at = time.monotonic()
-            connection.close()
-
-    def outcome(self, timeout: float = 30) -> Any:
-        self.join(timeout)
-        assert not self.is_alive(), "the worker did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
 @pytest.fixture
 def fake(settings, monkeypatch):
-    # A proxy from the environment must not capture requests to the local server.
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    server = FakeOpenAI(mode="hold", delay=SAFETY_NET)
-    settings.CTXSUM = {
-        **getattr(settings, "CTXSUM", {}),
-        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
-        "SUMMARIZER_OPTIONS": {"base_url": server.base_url, "api_key": "test"},
-        "SUMMARY_TIMEOUT": 20,
-        "LEASE_SECONDS": LEASE_SECONDS,
-    }
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from held_openai(settings, monkeypatch, lease_seconds=LEASE_SECONDS)
 
 
 @pytest.fixture
@@ -126,32 +82,6 @@ def conversation(user):
         trigger={"messages": 6},
         keep={"messages": 2},
     )
-
-
-def compact_in_thread(conversation: Conversation, **kwargs: Any) -> Worker:
-    pk = conversation.pk
-
-    def work():
-        return conversation_compact(conversation=Conversation.objects.get(pk=pk), **kwargs)
-
-    worker = Worker(work)
-    worker.start()
-    return worker
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10) -> bool:
-    """Poll ``predicate`` until it holds (True) or ``timeout`` passes (False)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def attempts(conversation: Conversation) -> list[tuple[str, str]]:
-    rows = CompactionAttempt.objects.filter(conversation=conversation).order_by("pk")
-    return sorted(rows.values_list("outcome", "reason"))
 
 
 def test_appends_do_not_wait_for_a_slow_summary(conversation, fake):

@@ -28,15 +28,9 @@ from ctxsum.services import conversation_create
 from ctxsum.services.compaction import conversation_compact
 from tests.invariants import assert_context_invariants
 from tests.openai_server import FakeOpenAI
+from tests.postgres import POSTGRES, held_openai
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.skipif(
-        connection.vendor != "postgresql",
-        reason="needs PostgreSQL and a second process; set DATABASE_URL",
-    ),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = POSTGRES
 
 LEASE_SECONDS = 5  # short, yet long enough to see it live on a loaded CI machine
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,19 +90,7 @@ def child_env(fake: FakeOpenAI) -> dict[str, str]:
 
 @pytest.fixture
 def fake(settings, monkeypatch):
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    server = FakeOpenAI(mode="hold", delay=60)
-    settings.CTXSUM = {
-        **getattr(settings, "CTXSUM", {}),
-        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
-        "SUMMARIZER_OPTIONS": {"base_url": server.base_url, "api_key": "x"},
-        "SUMMARY_TIMEOUT": 30,
-        "LEASE_SECONDS": LEASE_SECONDS,
-    }
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from held_openai(settings, monkeypatch, lease_seconds=LEASE_SECONDS, timeout=30)
 
 
 def counters(conversation: Conversation) -> dict[str, Any]:

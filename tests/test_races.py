@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -35,17 +34,17 @@ from ctxsum.services.compaction import conversation_compact
 from ctxsum.validation import TOOL_CALL_ID_ARCHIVED
 from tests.invariants import assert_context_invariants
 from tests.openai_server import FakeOpenAI
+from tests.postgres import (
+    POSTGRES,
+    attempts,
+    blocked,
+    compact_in_thread,
+    held_openai,
+    start,
+    wait_until,
+)
 
-pytestmark = [
-    pytest.mark.postgres,
-    pytest.mark.skipif(
-        connection.vendor != "postgresql",
-        reason="needs PostgreSQL row locks; set DATABASE_URL",
-    ),
-    pytest.mark.django_db(transaction=True),
-]
-
-SAFETY_NET = 15  # seconds a held summarizer call waits at most for release()
+pytestmark = POSTGRES
 # Long enough that the fake's "Summary of N chars." is always smaller than what it replaces.
 FILLER = (
     "wants a morning flight to Delhi on October 20 with a window seat, a budget of 400 EUR, "
@@ -83,80 +82,6 @@ def archived_refusal(call_id: str) -> dict[str, list[str]]:
     return {"tool_call_id": [TOOL_CALL_ID_ARCHIVED.format(id=call_id)]}
 
 
-class Worker(threading.Thread):
-    """Runs ``work`` on its own connection; ``pid`` is that connection's backend, known
-    once ``started`` is set; ``outcome()`` joins and returns or re-raises."""
-
-    def __init__(self, work: Callable[[], Any]) -> None:
-        super().__init__(daemon=True)
-        self.work = work
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.pid: int | None = None
-        self.started = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.pid = backend_pid()
-            self.started.set()
-            self.result = self.work()
-        except BaseException as error:
-            self.error = error
-        finally:
-            self.started.set()
-            connection.close()
-
-    def outcome(self, timeout: float = 30) -> Any:
-        self.join(timeout)
-        assert not self.is_alive(), "the worker did not finish"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def start(work: Callable[[], Any]) -> Worker:
-    worker = Worker(work)
-    worker.start()
-    assert worker.started.wait(10)
-    return worker
-
-
-def backend_pid() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
-
-
-def blocked(pid: int | None) -> bool:
-    """Whether the backend ``pid`` waits for a lock another backend holds (a live view,
-    unlike pg_stat_activity, which keeps one snapshot per transaction)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT cardinality(pg_blocking_pids(%s))", [pid])
-        return cursor.fetchone()[0] > 0
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10) -> bool:
-    """Poll ``predicate`` until it holds (True) or ``timeout`` passes (False)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
-def compact_in_thread(conversation: Conversation, **kwargs: Any) -> Worker:
-    pk = conversation.pk
-    return start(
-        lambda: conversation_compact(conversation=Conversation.objects.get(pk=pk), **kwargs)
-    )
-
-
-def attempts(conversation: Conversation) -> list[tuple[str, str]]:
-    rows = CompactionAttempt.objects.filter(conversation=conversation)
-    return sorted(rows.values_list("outcome", "reason"))
-
-
 def rows_left(pk: Any) -> dict[str, int]:
     """Rows of every table that still belong to conversation ``pk``."""
     return {
@@ -172,20 +97,7 @@ NOTHING_LEFT = dict.fromkeys(("Message", "ToolCall", "Summary", "CompactionAttem
 
 @pytest.fixture
 def fake(settings, monkeypatch):
-    # A proxy from the environment must not capture requests to the local server.
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    server = FakeOpenAI(mode="hold", delay=SAFETY_NET)
-    settings.CTXSUM = {
-        **getattr(settings, "CTXSUM", {}),
-        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
-        "SUMMARIZER_OPTIONS": {"base_url": server.base_url, "api_key": "test"},
-        "SUMMARY_TIMEOUT": 20,
-        "LEASE_SECONDS": 30,
-    }
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from held_openai(settings, monkeypatch, lease_seconds=30)
 
 
 def create(owner: Any, messages: list[dict[str, Any]], **policy: Any) -> Conversation:
