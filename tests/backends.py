@@ -22,3 +22,12 @@ class HookSummarizer(Summarizer):
         if hook is not None:
             hook()
         return f"summary of {history.count('<')} tags"
+
+
+class CrashingSummarizer(Summarizer):
+    """A backend with a bug: every call raises something that is not a SummarizerError."""
+
+    requires_network = False
+
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
+        raise RuntimeError("backend bug")

@@ -366,3 +366,34 @@ def test_a_context_over_its_ceiling_says_so(api, user, openai_summarizer):
     assert compacted["compacted"] is True
     assert compacted["context"]["over_max_context_tokens"] is False
     assert compacted["context"]["token_count"] < context["token_count"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_crashing_auto_compaction_is_reported_and_logged_never_a_500(api, user, settings, caplog):
+    settings.CTXSUM = {"SUMMARIZER": "tests.backends.CrashingSummarizer", "AUTO_COMPACT": True}
+    created = api.post(
+        "/api/conversations/",
+        {"policy": {"trigger": {"messages": 4}, "keep": {"messages": 1}}},
+        format="json",
+    ).json()
+    url = f"/api/conversations/{created['id']}/messages/"
+    batch = {"messages": [{"role": "user", "content": f"{n} {LONG_TEXT}"} for n in range(4)]}
+
+    with caplog.at_level("ERROR", logger="ctxsum"):
+        response = api.post(url, batch, format="json")
+
+    assert response.status_code == 201
+    assert response.json()["compaction"] == {
+        "compacted": False,
+        "reason": "error",
+        "summary_version": None,
+        "over_trigger": False,
+        "detail": "RuntimeError",
+    }
+    assert Message.objects.filter(conversation_id=created["id"]).active().count() == 4
+    attempt = CompactionAttempt.objects.get(conversation_id=created["id"])
+    assert (attempt.outcome, attempt.reason) == ("failed", "error")
+    assert "backend bug" in attempt.error
+    assert any(
+        record.exc_info and "backend bug" in str(record.exc_info[1]) for record in caplog.records
+    )
