@@ -422,7 +422,10 @@ class _Estimates:
         self.start = start = history_start(leading=leading, has_summary=has_summary)
         self.tokens_before = context_tokens(tokens)
         self.goal = _goal_tokens(policy, sizing.target_ratio)
-        self.previous = tokens[int(leading)] if has_summary else 0
+        # The budget is for summary text: the previous summary counts without the framing
+        # (prefix, role) its context message adds.
+        previous = tokens[int(leading)] - sizing.summary_overhead if has_summary else 0
+        self.previous = max(0, previous)
         # archived[c]: tokens of the messages a compaction at cutoff c archives.
         self.archived = [0] * (count + 1)
         for index in range(start, count):

@@ -21,6 +21,7 @@ from ctxsum.policy import (
     Policy,
     PolicyError,
     Reason,
+    Sizing,
     Trigger,
     history_start,
     pair_tool_results,
@@ -438,6 +439,20 @@ def test_summary_budget() -> None:
     assert budget(700, 400) == 768
     assert budget(0, 10_000, goal=600) == 300
     assert budget(0, 10) == 32
+
+
+def test_a_summary_of_the_budgeted_size_is_smaller_than_what_it_replaces() -> None:
+    # The old summary is a context message: 218 tokens, 14 of them framing.
+    messages = [summary(), *turns(8)]
+    tokens = [218, *[25] * 8]
+    sizing = Sizing(summary_overhead=14)
+    rule = policy({"messages": 8}, {"messages": 3})
+    plan = plan_compaction(
+        messages, tokens, leading=False, has_summary=True, policy=rule, sizing=sizing
+    )
+    archived = sum(tokens[plan.start : plan.cutoff])
+    assert plan.summary_budget == 218 - 14 + archived // 2
+    assert plan.summary_budget + 14 < 218 + archived
 
 
 def test_a_trigger_within_a_ratio_needs_one_unit_that_far_below() -> None:
