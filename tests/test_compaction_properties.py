@@ -239,7 +239,7 @@ def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data)
             def append_meanwhile(conversation=conversation, during=during):
                 call_ids = [
                     call["id"]
-                    for row in conversation.messages.active().exclude(tool_calls=None)
+                    for row in conversation.messages.active().filter(tool_calls__isnull=False)
                     for call in row.tool_calls
                 ]
                 for message in data.draw(interleaved(call_ids), label="appended meanwhile"):
