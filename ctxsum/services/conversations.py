@@ -88,9 +88,9 @@ def conversation_create(
             tool_results_check(conversation, cleaned)
         if leading or cleaned:
             messages_store(conversation, message_rows(conversation, leading + cleaned, counts))
-    if cleaned:
-        # First messages are an append too: AUTO_COMPACT applies once they have committed.
-        conversation_autocompact(conversation=conversation)
+    # First messages are an append too: AUTO_COMPACT applies once they have committed.
+    compaction = conversation_autocompact(conversation=conversation) if cleaned else None
+    if compaction is not None and compaction.compacted:
         conversation.refresh_from_db()
     return conversation
 
