@@ -36,6 +36,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "ctxsum",
+    # The example project's own commands: ctxsum_demo.
+    "project",
 ]
 
 MIDDLEWARE = [

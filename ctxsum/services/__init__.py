@@ -1,15 +1,20 @@
-"""Every write and every transaction of ctxsum. Views, the admin and commands call these."""
+"""Every write and every transaction of ctxsum: the Python API. Views, the admin and
+commands call these; so can your code."""
 
+from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import (
     conversation_create,
     conversation_delete,
     conversation_update,
 )
+from ctxsum.services.imports import file_import
 from ctxsum.services.messages import message_append
 
 __all__ = [
+    "conversation_compact",
     "conversation_create",
     "conversation_delete",
     "conversation_update",
+    "file_import",
     "message_append",
 ]

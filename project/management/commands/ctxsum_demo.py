@@ -16,13 +16,13 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ctxsum.exceptions import TooLarge
-from ctxsum.management.commands.ctxsum_import import (
+from ctxsum.models import Conversation
+from ctxsum.services.imports import (
     RecordInvalid,
     error_reason,
     record_import,
     record_parse,
 )
-from ctxsum.models import Conversation
 
 
 def _base_dir() -> Path:
