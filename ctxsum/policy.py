@@ -135,6 +135,12 @@ class Policy:
     keep: Keep
     max_context_tokens: int | None = None
 
+    def over(self, message_count: int, token_count: int) -> bool:
+        """Whether a context of this size reaches the trigger or exceeds the ceiling."""
+        ceiling = self.max_context_tokens
+        exceeds = ceiling is not None and token_count > ceiling
+        return exceeds or self.trigger.reached(message_count, token_count)
+
     def __post_init__(self) -> None:
         _check_amount("max_context_tokens", "", self.max_context_tokens)
         # Keeping as much as the trigger allows leaves nothing to summarize, so every
@@ -378,7 +384,7 @@ def plan_compaction(
     start = estimate.start
     if start > count:
         raise ValueError(f"history_start {start} is past the {count} messages.")
-    due = estimate.over(count, estimate.tokens_before)
+    due = policy.over(count, estimate.tokens_before)
     if not force and not due:
         return estimate.unchanged(Reason.BELOW_TRIGGER)
 
@@ -431,12 +437,6 @@ class _Estimates:
         for index in range(start, count):
             self.archived[index + 1] = self.archived[index] + tokens[index]
 
-    def over(self, message_count: int, token_count: int) -> bool:
-        """Whether a context of this size reaches the trigger or exceeds the ceiling."""
-        ceiling = self.policy.max_context_tokens
-        exceeds = ceiling is not None and token_count > ceiling
-        return exceeds or self.policy.trigger.reached(message_count, token_count)
-
     def unchanged(self, reason: Reason) -> Plan:
         count, size = self.count, self.tokens_before
         return Plan(reason, self.start, self.start, count, size, count, size)
@@ -462,7 +462,7 @@ class _Estimates:
             count_after,
             tokens_after,
             budget,
-            self.over(count_after, tokens_after),
+            self.policy.over(count_after, tokens_after),
         )
 
     def lands(self, plan: Plan) -> bool:

@@ -111,8 +111,7 @@ def prompt_sha256(prompt: str) -> str:
 
 def over_trigger(context: ActiveContext, policy: Policy) -> bool:
     """Whether the context still reaches its trigger or exceeds its ceiling."""
-    size = context.token_count
-    return policy.trigger.reached(len(context.messages), size) or context.over_max_context_tokens
+    return policy.over(len(context.messages), context.token_count)
 
 
 def failure_reason(error: Exception) -> Reason:
