@@ -1,15 +1,11 @@
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-# tiktoken downloads its encodings on first use; use the shared offline cache when there is
-# one and nothing else was configured.
-_SHARED_TIKTOKEN = Path(__file__).resolve().parents[2] / "shared" / "tiktoken"
-if "TIKTOKEN_CACHE_DIR" not in os.environ and _SHARED_TIKTOKEN.is_dir():
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(_SHARED_TIKTOKEN)
+from tests.support.shared import use_tiktoken_cache
+
+# tiktoken downloads its encodings on first use: use the offline cache when there is one.
+use_tiktoken_cache()
 
 
 @pytest.fixture(autouse=True)

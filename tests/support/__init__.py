@@ -1,0 +1,1 @@
+"""Code the test suite and the benchmarks (bench/) share."""
