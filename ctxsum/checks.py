@@ -96,7 +96,7 @@ def _number_errors() -> list[CheckMessage]:
 
 
 def _input_budget_errors() -> list[CheckMessage]:
-    from ctxsum.services.compaction import MIN_CHUNK_BUDGET, history_room, summary_prompt
+    from ctxsum.services.summaries import MIN_CHUNK_BUDGET, history_room, summary_prompt
     from ctxsum.tokens import count_text
 
     # The longest length-budget line a prompt can carry: 3/4 of the answer's cap.

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from ctxsum import tokens
 from ctxsum.policy import Reason
 
 
@@ -59,6 +60,18 @@ class Conversation(models.Model):
 
     def __str__(self) -> str:
         return self.title or str(self.id)
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of a request carrying the active context (``active_tokens`` plus the
+        reply priming every request pays)."""
+        return tokens.context_tokens([self.active_tokens])
+
+    def update_from(self, other: Conversation) -> None:
+        """Take every field value of ``other``, a later read of the same row: how services
+        bring the instance they were given up to date without another query."""
+        for model_field in self._meta.concrete_fields:
+            setattr(self, model_field.attname, getattr(other, model_field.attname))
 
 
 class MessageQuerySet(models.QuerySet):
@@ -113,10 +126,6 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.conversation_id}#{self.seq} {self.role}"
-
-    @property
-    def archived(self) -> bool:
-        return self.summary_id is not None
 
     def as_openai(self) -> dict[str, Any]:
         """The message as the chat completions API takes it: only the fields it has."""

@@ -19,6 +19,8 @@ from ctxsum.tokens import context_tokens
 Message = Mapping[str, Any]
 
 UNITS = ("messages", "tokens")
+# Roles a conversation's first message may have to be pinned as its leading message.
+LEADING_ROLES = ("system", "developer")
 
 NOT_AN_OBJECT = '{field} must be an object such as {{"messages": 20}} or {{"tokens": 8000}}.'
 UNKNOWN_KEYS = "{field} has unknown keys {keys}; the allowed keys are messages and tokens."

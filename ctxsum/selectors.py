@@ -10,6 +10,7 @@ from django.db.models import Count, QuerySet, Sum
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.policy import Policy, parse_policy
 
 
 def summary_message(text: str) -> dict[str, Any]:
@@ -18,7 +19,33 @@ def summary_message(text: str) -> dict[str, Any]:
     return {"role": "user", "content": f"{ctxsum_settings.SUMMARY_PREFIX}\n\n{text}"}
 
 
-@dataclass
+def effective_policy(*, trigger: Any, keep: Any, max_context_tokens: Any) -> dict[str, Any]:
+    """The policy in force for these overrides: each one that is None (not set) is the
+    settings' default, and each one that is set replaces its default as a whole."""
+    return {
+        "trigger": ctxsum_settings.TRIGGER if trigger is None else trigger,
+        "keep": ctxsum_settings.KEEP if keep is None else keep,
+        "max_context_tokens": (
+            ctxsum_settings.MAX_CONTEXT_TOKENS if max_context_tokens is None else max_context_tokens
+        ),
+    }
+
+
+def conversation_effective_policy(conversation: Conversation) -> dict[str, Any]:
+    """The JSON form of the policy in force for ``conversation``."""
+    return effective_policy(
+        trigger=conversation.trigger,
+        keep=conversation.keep,
+        max_context_tokens=conversation.max_context_tokens,
+    )
+
+
+def conversation_policy(conversation: Conversation) -> Policy:
+    """The policy in force for ``conversation``."""
+    return parse_policy(**conversation_effective_policy(conversation))
+
+
+@dataclass(kw_only=True)
 class ActiveContext:
     """What would be sent to the model now, with what the compaction planner needs."""
 
@@ -40,7 +67,8 @@ class ActiveContext:
     @property
     def max_context_tokens(self) -> int | None:
         """The hard ceiling on the context's tokens, if the policy sets one."""
-        return self.conversation.max_context_tokens or ctxsum_settings.MAX_CONTEXT_TOKENS
+        ceiling: int | None = conversation_effective_policy(self.conversation)["max_context_tokens"]
+        return ceiling
 
     @property
     def over_max_context_tokens(self) -> bool:
@@ -101,7 +129,7 @@ def conversation_stats(*, conversation: Conversation) -> dict[str, int]:
         "message_count": conversation.message_count,
         "active_message_count": conversation.active_message_count,
         "archived_message_count": archived_totals["count"],
-        "active_tokens": tokens.context_tokens([conversation.active_tokens]),
+        "active_tokens": conversation.context_tokens,
         "summary_count": Summary.objects.filter(conversation=conversation).count(),
         "compaction_count": CompactionAttempt.objects.filter(
             conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED

@@ -7,7 +7,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ctxsum.exceptions import TooLarge
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
+
+from ctxsum.exceptions import MessagesInvalid, TooLarge
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Provider-reply extras that travel with an assistant message and are returned as given.
@@ -25,43 +28,41 @@ AUDIO_FORMATS = ("wav", "mp3")
 MAX_ID_LENGTH = 255
 MAX_NAME_LENGTH = 100
 
-NOT_AN_OBJECT = "Expected a JSON object."
-REQUIRED = "This field is required."
-UNKNOWN_FIELD = "Unknown field."
-BAD_ROLE = "Must be one of: system, developer, user, assistant, tool."
-CONTENT_TYPE = "Must be a string or a list of content parts."
-CONTENT_NULL = "Can be null only on an assistant message that has tool_calls, a refusal or audio."
-CONTENT_EMPTY_LIST = "A list of content parts must not be empty."
-BAD_NAME = f"Must be a non-empty string of at most {MAX_NAME_LENGTH} characters."
-TOOL_CALLS_ROLE = "Only assistant messages can have tool_calls."
-TOOL_CALLS_TYPE = "Must be a non-empty list of tool calls."
-TOOL_CALL_ID_REQUIRED = "A tool message needs the tool_call_id of the call it answers."
-TOOL_CALL_ID_ROLE = "Only tool messages can have a tool_call_id."
-TOOL_CALL_ID_TYPE = f"Must be a non-empty string of at most {MAX_ID_LENGTH} characters."
-TOOL_CALL_ID_UNKNOWN = (
+NOT_AN_OBJECT = _("Expected a JSON object.")
+REQUIRED = _("This field is required.")
+UNKNOWN_FIELD = _("Unknown field.")
+BAD_ROLE = _("Must be one of: system, developer, user, assistant, tool.")
+CONTENT_TYPE = _("Must be a string or a list of content parts.")
+CONTENT_NULL = _(
+    "Can be null only on an assistant message that has tool_calls, a refusal or audio."
+)
+CONTENT_EMPTY_LIST = _("A list of content parts must not be empty.")
+BAD_NAME = format_lazy(
+    _("Must be a non-empty string of at most {limit} characters."), limit=MAX_NAME_LENGTH
+)
+TOOL_CALLS_ROLE = _("Only assistant messages can have tool_calls.")
+TOOL_CALLS_TYPE = _("Must be a non-empty list of tool calls.")
+TOOL_CALL_ID_REQUIRED = _("A tool message needs the tool_call_id of the call it answers.")
+TOOL_CALL_ID_ROLE = _("Only tool messages can have a tool_call_id.")
+TOOL_CALL_ID_TYPE = format_lazy(
+    _("Must be a non-empty string of at most {limit} characters."), limit=MAX_ID_LENGTH
+)
+TOOL_CALL_ID_UNKNOWN = _(
     "No earlier assistant message in this conversation has a tool call with id {id!r}."
 )
-TOOL_CALL_ID_ARCHIVED = (
+TOOL_CALL_ID_ARCHIVED = _(
     "The tool call with id {id!r} has been summarized; a result for it can no longer join the "
     "context."
 )
-EXTRA_ROLE = "Only assistant messages can have this field."
+EXTRA_ROLE = _("Only assistant messages can have this field.")
 # The JSON type each extra must have when it is not null.
-EXTRA_TYPES: dict[str, tuple[type, str]] = {
-    "refusal": (str, "Must be a string or null."),
-    "reasoning_content": (str, "Must be a string or null."),
-    "annotations": (list, "Must be a list or null."),
-    "audio": (Mapping, "Must be an object or null."),
+EXTRA_TYPES: dict[str, tuple[type, Any]] = {
+    "refusal": (str, _("Must be a string or null.")),
+    "reasoning_content": (str, _("Must be a string or null.")),
+    "annotations": (list, _("Must be a list or null.")),
+    "audio": (Mapping, _("Must be an object or null.")),
 }
-MESSAGE_TOO_LARGE = "A message is {size} bytes; the limit is {limit} bytes."
-
-
-class MessageInvalid(ValueError):
-    """A message failed validation; ``errors`` maps each field to its messages."""
-
-    def __init__(self, errors: dict[str, list[str]]) -> None:
-        super().__init__(errors)
-        self.errors = errors
+MESSAGE_TOO_LARGE = _("A message is {size} bytes; the limit is {limit} bytes.")
 
 
 def _is_text(value: Any, max_length: int | None = None) -> bool:
@@ -72,29 +73,29 @@ def _is_text(value: Any, max_length: int | None = None) -> bool:
 
 def _part_error(part: Any, allowed: tuple[str, ...]) -> str | None:
     if not isinstance(part, Mapping):
-        return "must be an object"
+        return _("must be an object")
     kind = part.get("type")
     if kind not in allowed:
-        return f"type must be one of: {', '.join(allowed)}"
+        return _("type must be one of: {types}").format(types=", ".join(allowed))
     body = part.get(kind)
     if kind in ("text", "refusal"):
         if not isinstance(body, str):
-            return f"needs a string '{kind}'"
+            return _("needs a string '{kind}'").format(kind=kind)
     elif kind == "image_url":
         if not isinstance(body, Mapping) or not _is_text(body.get("url")):
-            return "needs image_url.url"
+            return _("needs image_url.url")
         if body.get("detail") not in (None, "auto", "low", "high"):
-            return "image_url.detail must be auto, low or high"
+            return _("image_url.detail must be auto, low or high")
     elif kind == "input_audio":
         if not isinstance(body, Mapping) or not _is_text(body.get("data")):
-            return "needs input_audio.data"
+            return _("needs input_audio.data")
         if body.get("format") not in AUDIO_FORMATS:
-            return "input_audio.format must be wav or mp3"
+            return _("input_audio.format must be wav or mp3")
     elif kind == "file" and not (
         isinstance(body, Mapping)
         and (_is_text(body.get("file_data")) or _is_text(body.get("file_id")))
     ):
-        return "needs file.file_data or file.file_id"
+        return _("needs file.file_data or file.file_id")
     return None
 
 
@@ -106,105 +107,116 @@ def _content_errors(message: Mapping[str, Any], role: str) -> list[str]:
             message.get("tool_calls") or message.get("refusal") or message.get("audio")
         ):
             return []
-        return [REQUIRED if "content" not in message else CONTENT_NULL]
+        return [str(REQUIRED if "content" not in message else CONTENT_NULL)]
     if isinstance(content, str):
         return []
     if not isinstance(content, list):
-        return [CONTENT_TYPE]
+        return [str(CONTENT_TYPE)]
     if not content:
-        return [CONTENT_EMPTY_LIST]
+        return [str(CONTENT_EMPTY_LIST)]
     allowed = PART_TYPES.get(role, ("text",))
     return [
-        f"Part {index}: {error}."
+        _("Part {index}: {error}.").format(index=index, error=error)
         for index, part in enumerate(content)
         if (error := _part_error(part, allowed))
     ]
 
 
+def _function_errors(function: Any) -> list[str]:
+    if not isinstance(function, Mapping):
+        return [_("function must be an object with name and arguments.")]
+    errors = []
+    unknown = sorted(set(function) - {"name", "arguments"})
+    if unknown:
+        errors.append(_("function has unknown field(s) {names}.").format(names=", ".join(unknown)))
+    if not _is_text(function.get("name"), MAX_ID_LENGTH):
+        errors.append(_("function.name must be a non-empty string."))
+    if not isinstance(function.get("arguments"), str):
+        errors.append(_("function.arguments must be a string."))
+    return errors
+
+
+def _call_errors(call: Any, seen: set[str]) -> list[str]:
+    """What is wrong with one tool call; ``seen`` holds the ids of the message's earlier
+    calls, and gains this one's."""
+    if not isinstance(call, Mapping):
+        return [_("must be an object.")]
+    errors = []
+    unknown = sorted(set(call) - {"id", "type", "function"})
+    if unknown:
+        errors.append(_("unknown field(s) {names}.").format(names=", ".join(unknown)))
+    call_id = call.get("id")
+    if not _is_text(call_id, MAX_ID_LENGTH):
+        errors.append(_("id {problem}").format(problem=str(TOOL_CALL_ID_TYPE).lower()))
+    elif call_id in seen:
+        errors.append(_("id {id!r} is repeated within this message.").format(id=call_id))
+    else:
+        seen.add(call_id)
+    if call.get("type") != "function":
+        errors.append(_("type must be 'function'."))
+    return errors + _function_errors(call.get("function"))
+
+
 def _tool_call_errors(tool_calls: Any) -> list[str]:
     if not isinstance(tool_calls, list) or not tool_calls:
-        return [TOOL_CALLS_TYPE]
-    errors: list[str] = []
+        return [str(TOOL_CALLS_TYPE)]
     seen: set[str] = set()
-    for index, call in enumerate(tool_calls):
-        prefix = f"Call {index}:"
-        if not isinstance(call, Mapping):
-            errors.append(f"{prefix} must be an object.")
+    return [
+        _("Call {index}: {error}").format(index=index, error=error)
+        for index, call in enumerate(tool_calls)
+        for error in _call_errors(call, seen)
+    ]
+
+
+def _field_errors(message: Mapping[str, Any], role: str) -> dict[str, list[str]]:
+    """Every bad field but unknown ones of a message whose role is valid."""
+    errors: dict[str, list[str]] = {}
+    if content_errors := _content_errors(message, role):
+        errors["content"] = content_errors
+    if "name" in message and not _is_text(message["name"], MAX_NAME_LENGTH):
+        errors["name"] = [str(BAD_NAME)]
+    if message.get("tool_calls") is not None:
+        if role != "assistant":
+            errors["tool_calls"] = [str(TOOL_CALLS_ROLE)]
+        elif call_errors := _tool_call_errors(message["tool_calls"]):
+            errors["tool_calls"] = call_errors
+    if role == "tool":
+        if "tool_call_id" not in message:
+            errors["tool_call_id"] = [str(TOOL_CALL_ID_REQUIRED)]
+        elif not _is_text(message["tool_call_id"], MAX_ID_LENGTH):
+            errors["tool_call_id"] = [str(TOOL_CALL_ID_TYPE)]
+    elif message.get("tool_call_id") is not None:
+        errors["tool_call_id"] = [str(TOOL_CALL_ID_ROLE)]
+    for field in EXTRA_FIELDS:
+        if field not in message:
             continue
-        unknown = sorted(set(call) - {"id", "type", "function"})
-        if unknown:
-            errors.append(f"{prefix} unknown field(s) {', '.join(unknown)}.")
-        call_id = call.get("id")
-        if not _is_text(call_id, MAX_ID_LENGTH):
-            errors.append(f"{prefix} id {TOOL_CALL_ID_TYPE.lower()}")
-        elif call_id in seen:
-            errors.append(f"{prefix} id {call_id!r} is repeated within this message.")
-        else:
-            seen.add(call_id)
-        if call.get("type") != "function":
-            errors.append(f"{prefix} type must be 'function'.")
-        function = call.get("function")
-        if not isinstance(function, Mapping):
-            errors.append(f"{prefix} function must be an object with name and arguments.")
-            continue
-        unknown = sorted(set(function) - {"name", "arguments"})
-        if unknown:
-            errors.append(f"{prefix} function has unknown field(s) {', '.join(unknown)}.")
-        if not _is_text(function.get("name"), MAX_ID_LENGTH):
-            errors.append(f"{prefix} function.name must be a non-empty string.")
-        if not isinstance(function.get("arguments"), str):
-            errors.append(f"{prefix} function.arguments must be a string.")
+        kind, type_error = EXTRA_TYPES[field]
+        if role != "assistant":
+            errors[field] = [str(EXTRA_ROLE)]
+        elif message[field] is not None and not isinstance(message[field], kind):
+            errors[field] = [str(type_error)]
     return errors
 
 
 def clean_message(message: Any, *, max_bytes: int) -> dict[str, Any]:
     """Check one OpenAI chat message and return it normalized (only the fields it has).
 
-    Raises MessageInvalid naming each bad field, or TooLarge when its JSON is over
-    ``max_bytes``.
+    Raises MessagesInvalid (with this message's errors as its only entry) naming each bad
+    field, or TooLarge when its JSON is over ``max_bytes``.
     """
     if not isinstance(message, Mapping):
-        raise MessageInvalid({"non_field_errors": [NOT_AN_OBJECT]})
+        raise MessagesInvalid([{"non_field_errors": [str(NOT_AN_OBJECT)]}])
     size = len(json.dumps(message, ensure_ascii=False).encode())
     if size > max_bytes:
         raise TooLarge(MESSAGE_TOO_LARGE.format(size=size, limit=max_bytes))
-
-    errors: dict[str, list[str]] = {}
-    for field in sorted(set(message) - set(FIELDS)):
-        errors[field] = [UNKNOWN_FIELD]
-
+    errors = {field: [str(UNKNOWN_FIELD)] for field in sorted(set(message) - set(FIELDS))}
     role = message.get("role")
     if role not in ROLES:
-        errors["role"] = [REQUIRED if role is None else BAD_ROLE]
-        raise MessageInvalid(errors)
-
-    if content_errors := _content_errors(message, role):
-        errors["content"] = content_errors
-    if "name" in message and not _is_text(message["name"], MAX_NAME_LENGTH):
-        errors["name"] = [BAD_NAME]
-    if message.get("tool_calls") is not None:
-        if role != "assistant":
-            errors["tool_calls"] = [TOOL_CALLS_ROLE]
-        elif call_errors := _tool_call_errors(message["tool_calls"]):
-            errors["tool_calls"] = call_errors
-    if role == "tool":
-        if "tool_call_id" not in message:
-            errors["tool_call_id"] = [TOOL_CALL_ID_REQUIRED]
-        elif not _is_text(message["tool_call_id"], MAX_ID_LENGTH):
-            errors["tool_call_id"] = [TOOL_CALL_ID_TYPE]
-    elif message.get("tool_call_id") is not None:
-        errors["tool_call_id"] = [TOOL_CALL_ID_ROLE]
-    for field in EXTRA_FIELDS:
-        if field not in message:
-            continue
-        kind, type_error = EXTRA_TYPES[field]
-        if role != "assistant":
-            errors[field] = [EXTRA_ROLE]
-        elif message[field] is not None and not isinstance(message[field], kind):
-            errors[field] = [type_error]
+        errors["role"] = [str(REQUIRED if role is None else BAD_ROLE)]
+    else:
+        errors.update(_field_errors(message, role))
     if errors:
-        raise MessageInvalid(errors)
-
+        raise MessagesInvalid([errors])
     cleaned: dict[str, Any] = {"role": role, "content": message.get("content")}
     for field in ("name", "tool_calls", "tool_call_id", *EXTRA_FIELDS):
         if message.get(field) is not None or (field in EXTRA_FIELDS and field in message):

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from enum import Enum
+from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from ctxsum import policy as policy_rules
-from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, Message
-from ctxsum.services.compaction import conversation_autocompact
+from ctxsum.selectors import effective_policy
+from ctxsum.services.autocompact import conversation_autocompact
 from ctxsum.services.messages import (
     message_rows,
     messages_clean,
@@ -20,31 +22,57 @@ from ctxsum.services.messages import (
     messages_store,
     tool_results_check,
 )
+from ctxsum.services.transactions import write_db
 
-SYSTEM_TYPE = "Must be a string."
-SYSTEM_AND_LEADING = "Give the system prompt either as `system` or as a leading system message."
-UPDATABLE = ("title", "metadata", "model", "trigger", "keep", "max_context_tokens")
+NOT_A_STRING = _("Must be a string.")
+NOT_AN_OBJECT = _("Must be an object.")
+TOO_LONG = _("Must be at most {limit} characters.")
+NUL_CHARACTER = _("Must not contain the NUL character.")
+SYSTEM_AND_LEADING = _("Give the system prompt either as `system` or as a leading system message.")
 POLICY_FIELDS = ("trigger", "keep", "max_context_tokens")
+
+
+class _Unset(Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET
+Unset = Literal[_Unset.UNSET]
 
 
 def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> None:
     """Check a conversation's policy overrides against each other and the defaults; raise
     ValidationError naming the field."""
+    values = effective_policy(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     try:
-        policy_rules.parse_policy(
-            ctxsum_settings.TRIGGER if trigger is None else trigger,
-            ctxsum_settings.KEEP if keep is None else keep,
-            ctxsum_settings.MAX_CONTEXT_TOKENS
-            if max_context_tokens is None
-            else max_context_tokens,
-        )
+        policy_rules.parse_policy(**values)
     except policy_rules.PolicyError as error:
         raise ValidationError({error.field: [str(error)]}) from error
 
 
+def fields_clean(**fields: Any) -> None:
+    """Check title, model and metadata as the columns will take them; raise ValidationError
+    naming every bad field."""
+    errors: dict[str, list[str]] = {}
+    for name, value in fields.items():
+        if name == "metadata":
+            if not isinstance(value, Mapping):
+                errors[name] = [str(NOT_AN_OBJECT)]
+            continue
+        limit = Conversation._meta.get_field(name).max_length
+        if not isinstance(value, str):
+            errors[name] = [str(NOT_A_STRING)]
+        elif limit is not None and len(value) > limit:
+            errors[name] = [TOO_LONG.format(limit=limit)]
+        elif "\x00" in value:
+            errors[name] = [str(NUL_CHARACTER)]
+    if errors:
+        raise ValidationError(errors)
+
+
 def _system_message(system: Any) -> dict[str, Any]:
     if not isinstance(system, str):
-        raise ValidationError({"system": [SYSTEM_TYPE]})
+        raise ValidationError({"system": [str(NOT_A_STRING)]})
     return {"role": "system", "content": system}
 
 
@@ -63,12 +91,13 @@ def conversation_create(
     """Create a conversation, with its system prompt and first messages if given, in one
     transaction: all or nothing. With AUTO_COMPACT, a compaction follows once that has
     committed, as after any append; its failure never undoes the creation."""
+    fields_clean(title=title, model=model, metadata=metadata or {})
     policy_clean(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     batch = list(messages or [])
     leading: list[dict[str, Any]] = []
     if system is not None:
         if batch and isinstance(batch[0], Mapping) and batch[0].get("role") == "system":
-            raise ValidationError({"system": [SYSTEM_AND_LEADING]})
+            raise ValidationError({"system": [str(SYSTEM_AND_LEADING)]})
         leading = messages_clean([_system_message(system)])
     conversation = Conversation(
         owner=owner,
@@ -82,16 +111,16 @@ def conversation_create(
     # The client's messages are checked on their own, so errors carry the indices it sent.
     cleaned = messages_clean(batch) if batch else []
     counts = messages_count(conversation, leading + cleaned)
-    with transaction.atomic():
-        conversation.save()
+    db = write_db(conversation)
+    with transaction.atomic(using=db):
+        conversation.save(using=db)
         if cleaned:
             tool_results_check(conversation, cleaned)
         if leading or cleaned:
             messages_store(conversation, message_rows(conversation, leading + cleaned, counts))
     # First messages are an append too: AUTO_COMPACT applies once they have committed.
-    compaction = conversation_autocompact(conversation=conversation) if cleaned else None
-    if compaction is not None and compaction.compacted:
-        conversation.refresh_from_db()
+    if cleaned:
+        conversation_autocompact(conversation=conversation)
     return conversation
 
 
@@ -101,9 +130,11 @@ def _replace_system(conversation: Conversation, system: str) -> bool:
     holds the row lock. Returns whether the context changed (and revision moved)."""
     cleaned = messages_clean([_system_message(system)])
     counts = messages_count(conversation, cleaned)
-    old = Message.objects.filter(
-        conversation=conversation, is_leading=True, replaced_at__isnull=True
-    ).first()
+    old = (
+        Message.objects.using(conversation._state.db)
+        .filter(conversation=conversation, is_leading=True, replaced_at__isnull=True)
+        .first()
+    )
     if old is not None and old.role == "system" and old.content == system:
         return False
     if old is not None:
@@ -118,34 +149,53 @@ def _replace_system(conversation: Conversation, system: str) -> bool:
 
 
 def conversation_update(
-    *, conversation: Conversation, system: str | None = None, **fields: Any
+    *,
+    conversation: Conversation,
+    title: str | Unset = UNSET,
+    metadata: Mapping[str, Any] | Unset = UNSET,
+    model: str | Unset = UNSET,
+    system: str | Unset = UNSET,
+    trigger: Mapping[str, int] | Unset | None = UNSET,
+    keep: Mapping[str, int] | Unset | None = UNSET,
+    max_context_tokens: int | Unset | None = UNSET,
 ) -> Conversation:
-    """Change title, metadata, model, policy overrides, or replace the system prompt.
+    """Change what is given: title, metadata, model, policy overrides (None resets one to
+    the settings' default), or replace the system prompt.
 
-    Bumps ``revision`` when anything changed; a request that changes nothing writes
-    nothing. Returns the updated conversation.
+    Bumps ``revision`` when anything changed and saves only the columns that changed; a
+    request that changes nothing writes nothing. ``conversation`` is brought up to date
+    and returned.
     """
-    unknown = set(fields) - set(UPDATABLE)
-    if unknown:
-        raise TypeError(f"conversation_update() got unexpected fields {sorted(unknown)}")
-    with transaction.atomic():
-        locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
-        if any(name in fields for name in POLICY_FIELDS):
+    given = {
+        name: value
+        for name, value in {
+            "title": title,
+            "metadata": metadata,
+            "model": model,
+            "trigger": trigger,
+            "keep": keep,
+            "max_context_tokens": max_context_tokens,
+        }.items()
+        if value is not UNSET
+    }
+    fields_clean(**{name: given[name] for name in ("title", "model", "metadata") if name in given})
+    db = write_db(conversation)
+    with transaction.atomic(using=db):
+        locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
+        if any(name in given for name in POLICY_FIELDS):
             # Checked against the locked row: a concurrent change of another part of the
             # policy must not slip in between check and write.
-            policy_clean(
-                **{name: fields.get(name, getattr(locked, name)) for name in POLICY_FIELDS}
-            )
-        changed = [field for field, value in fields.items() if getattr(locked, field) != value]
-        for field in changed:
-            setattr(locked, field, fields[field])
+            policy_clean(**{name: given.get(name, getattr(locked, name)) for name in POLICY_FIELDS})
+        changed = [name for name, value in given.items() if getattr(locked, name) != value]
+        for name in changed:
+            setattr(locked, name, given[name])
         # _replace_system saves the counters and moves revision itself.
-        replaced = system is not None and _replace_system(locked, system)
+        replaced = system is not UNSET and _replace_system(locked, system)
         if changed:
-            if not replaced:
-                locked.revision += 1
-            locked.save()
-    return locked
+            locked.revision += int(not replaced)
+            locked.save(update_fields=[*changed, "revision", "updated_at"])
+    conversation.update_from(locked)
+    return conversation
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
@@ -153,7 +203,8 @@ def conversation_delete(*, conversation: Conversation) -> None:
 
     The row lock comes first: an append or a compaction commit in flight finishes before
     the delete collects the rows, and any that comes after finds the conversation gone."""
-    with transaction.atomic():
-        locked = Conversation.objects.select_for_update().filter(pk=conversation.pk)
+    db = write_db(conversation)
+    with transaction.atomic(using=db):
+        locked = Conversation.objects.using(db).select_for_update().filter(pk=conversation.pk)
         if locked.exists():
             locked.delete()

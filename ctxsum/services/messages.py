@@ -10,24 +10,25 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils.translation import gettext_lazy as _
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, TooLarge
 from ctxsum.models import Conversation, Message, ToolCall
-from ctxsum.services.compaction import AutoCompaction, conversation_autocompact
+from ctxsum.policy import LEADING_ROLES
+from ctxsum.services.autocompact import AutoCompaction, conversation_autocompact
+from ctxsum.services.transactions import write_db
 from ctxsum.signals import messages_appended
 from ctxsum.validation import (
     EXTRA_FIELDS,
     TOOL_CALL_ID_ARCHIVED,
     TOOL_CALL_ID_UNKNOWN,
-    MessageInvalid,
     clean_message,
 )
 
-BATCH_EMPTY = "Send at least one message."
-BATCH_TOO_LARGE = "A batch holds {count} messages; the limit is {limit}."
-LEADING_ROLES = ("system", "developer")
+BATCH_EMPTY = _("Send at least one message.")
+BATCH_TOO_LARGE = _("A batch holds {count} messages; the limit is {limit}.")
 # What an append changes on the conversation row.
 COUNTER_FIELDS = (
     "next_seq",
@@ -43,7 +44,7 @@ def messages_clean(messages: Any) -> list[dict[str, Any]]:
     """Validate a batch; raise ValidationError({"messages": [per-message errors]}) naming
     every bad field, or TooLarge."""
     if not isinstance(messages, list) or not messages:
-        raise ValidationError({"messages": [BATCH_EMPTY]})
+        raise ValidationError({"messages": [str(BATCH_EMPTY)]})
     limit = ctxsum_settings.MAX_BATCH_MESSAGES
     if len(messages) > limit:
         raise TooLarge(BATCH_TOO_LARGE.format(count=len(messages), limit=limit))
@@ -53,8 +54,8 @@ def messages_clean(messages: Any) -> list[dict[str, Any]]:
         try:
             cleaned.append(clean_message(message, max_bytes=ctxsum_settings.MAX_MESSAGE_BYTES))
             errors.append({})
-        except MessageInvalid as invalid:
-            errors.append(invalid.errors)
+        except MessagesInvalid as invalid:
+            errors.extend(invalid.per_message)
     if any(errors):
         raise MessagesInvalid(errors)
     return cleaned
@@ -77,9 +78,10 @@ def tool_results_check(conversation: Conversation, cleaned: Sequence[Mapping[str
     # The nearest earlier request is the newest one with the id: if any request with the id
     # is still active, that one is.
     active: dict[str, bool] = {}
-    for call_id, summary_id in ToolCall.objects.filter(
+    requests = ToolCall.objects.using(conversation._state.db).filter(
         conversation=conversation, call_id__in=set(wanted.values())
-    ).values_list("call_id", "message__summary_id"):
+    )
+    for call_id, summary_id in requests.values_list("call_id", "message__summary_id"):
         active[call_id] = active.get(call_id, False) or summary_id is None
     errors: list[dict[str, list[str]]] = [{} for _ in cleaned]
     for index, call_id in wanted.items():
@@ -123,7 +125,8 @@ def message_rows(
 
 def messages_store(conversation: Conversation, rows: list[Message]) -> list[Message]:
     """Insert ``rows`` and move the counters of ``conversation``, which the caller has locked."""
-    rows = Message.objects.bulk_create(rows)
+    db = conversation._state.db
+    rows = Message.objects.using(db).bulk_create(rows)
     calls = [
         ToolCall(
             conversation=conversation,
@@ -136,7 +139,7 @@ def messages_store(conversation: Conversation, rows: list[Message]) -> list[Mess
         for call in row.tool_calls or ()
     ]
     if calls:
-        ToolCall.objects.bulk_create(calls)
+        ToolCall.objects.using(db).bulk_create(calls)
     conversation.next_seq += len(rows)
     conversation.message_count += len(rows)
     conversation.active_message_count += len(rows)
@@ -146,7 +149,7 @@ def messages_store(conversation: Conversation, rows: list[Message]) -> list[Mess
     return rows
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Appended:
     """What an append stored, and what the automatic compaction after it did (None when
     AUTO_COMPACT is off)."""
@@ -161,21 +164,19 @@ def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> Ap
 
     Raises ValidationError naming every bad field, or TooLarge; nothing is stored then. A
     failed automatic compaction never undoes the append: it is reported in the result.
-    ``conversation`` is refreshed with the new counters of the append.
+    ``conversation`` is brought up to date with the row as the append (and the compaction
+    after it) left it.
     """
     cleaned = messages_clean(list(messages))
     counts = messages_count(conversation, cleaned)
-    with transaction.atomic():
-        locked = Conversation.objects.select_for_update().get(pk=conversation.pk)
+    db = write_db(conversation)
+    with transaction.atomic(using=db):
+        locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
         tool_results_check(locked, cleaned)
         rows = messages_store(locked, message_rows(locked, cleaned, counts))
-        transaction.on_commit(
-            partial(messages_appended.send, sender=Conversation, conversation=locked, messages=rows)
+        send = partial(
+            messages_appended.send, sender=Conversation, conversation=locked, messages=rows
         )
-    _copy_counters(locked, conversation)
-    return Appended(rows, conversation_autocompact(conversation=locked))
-
-
-def _copy_counters(source: Conversation, target: Conversation) -> None:
-    for field in COUNTER_FIELDS:
-        setattr(target, field, getattr(source, field))
+        transaction.on_commit(send, using=db)
+    conversation.update_from(locked)
+    return Appended(messages=rows, compaction=conversation_autocompact(conversation=conversation))

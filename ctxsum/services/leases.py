@@ -1,0 +1,58 @@
+"""The compaction lease: which worker may summarize a conversation now.
+
+Taken with one conditional UPDATE (the row count says who won), renewed before every
+summarizer call, released by the commit or on failure. A worker that dies leaves its lease
+behind; it is abandoned once older than ``lease_seconds()`` and the next compaction takes it
+over. Leases are bookkeeping, not changes: queryset updates leave ``updated_at`` alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from ctxsum.conf import ctxsum_settings
+from ctxsum.models import Conversation
+
+# Seconds a lease outlives the summarizer timeout when LEASE_SECONDS is not set: the time
+# between the answer and the commit.
+LEASE_GRACE_SECONDS = 5
+
+
+class LeaseLost(Exception):
+    """Another worker took the lease over: whatever this one wrote must not be committed."""
+
+
+def lease_seconds() -> float:
+    """How long a lease holds without renewal: LEASE_SECONDS, else one summarizer call."""
+    return ctxsum_settings.LEASE_SECONDS or ctxsum_settings.SUMMARY_TIMEOUT + LEASE_GRACE_SECONDS
+
+
+def lease_take(conversation: Conversation, *, db: str) -> str | None:
+    """Claim the conversation; its lease token, or None while another worker holds a live
+    lease. Raises Conversation.DoesNotExist when the conversation is gone."""
+    token = uuid.uuid4().hex
+    now = timezone.now()
+    free = Q(lease_owner="") | Q(leased_at__lte=now - timedelta(seconds=lease_seconds()))
+    rows = Conversation.objects.using(db).filter(pk=conversation.pk)
+    if rows.filter(free).update(lease_owner=token, leased_at=now):
+        return token
+    if not rows.exists():
+        raise Conversation.DoesNotExist
+    return None
+
+
+def lease_renew(conversation: Conversation, token: str, *, db: str) -> None:
+    """Extend the lease before another summarizer call; raises LeaseLost when it is gone."""
+    rows = Conversation.objects.using(db).filter(pk=conversation.pk, lease_owner=token)
+    if not rows.update(leased_at=timezone.now()):
+        raise LeaseLost
+
+
+def lease_release(conversation: Conversation, token: str, *, db: str) -> None:
+    """Give the lease up, if this worker still holds it."""
+    rows = Conversation.objects.using(db).filter(pk=conversation.pk, lease_owner=token)
+    rows.update(lease_owner="", leased_at=None)

@@ -1,0 +1,117 @@
+"""Writing a summary: what the summarizer is told, and how every archived message reaches it.
+
+No database writes here: the summarizer is called outside every transaction, and the
+compaction (services/compaction.py) commits what it wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.utils.translation import gettext_lazy as _
+
+from ctxsum import formatting, tokens
+from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import SummarizerError
+from ctxsum.models import Conversation, Message, Summary
+from ctxsum.selectors import summary_message
+from ctxsum.summarizers import get_summarizer
+from ctxsum.summarizers.base import BLANK_SUMMARY
+
+# Room kept in every summarizer call for the summary so far and the instruction's framing.
+MIN_CHUNK_BUDGET = 256
+BUDGET_TOO_SMALL = _(
+    "SUMMARY_INPUT_BUDGET leaves {budget} tokens for history after the prompt and the "
+    "summary so far; raise it."
+)
+# Told to the model after the prompt: the summary's length budget for this compaction.
+LENGTH_BUDGET = "Keep the summary under {tokens} tokens (about {words} words)."
+
+
+@dataclass(frozen=True, kw_only=True)
+class Written:
+    """A summary the summarizer wrote, not stored yet."""
+
+    text: str
+    model: str
+    token_count: int  # of the summary as a context message
+    input_tokens: int
+    output_tokens: int
+    latency_ms: int
+
+
+def summary_model(conversation: Conversation) -> str:
+    """The model that writes the conversation's summaries: SUMMARY_MODEL, else its own."""
+    return ctxsum_settings.SUMMARY_MODEL or conversation.model or ctxsum_settings.DEFAULT_MODEL
+
+
+def summary_prompt(budget: int) -> str:
+    """The instruction a summarizer call gets: PROMPT, then this summary's length budget."""
+    length = LENGTH_BUDGET.format(tokens=budget, words=budget * 3 // 4)
+    return f"{ctxsum_settings.PROMPT}\n\n{length}"
+
+
+def prompt_sha256(prompt: str) -> str:
+    """The fingerprint a summary records of the PROMPT that wrote it."""
+    return hashlib.sha256(prompt.encode()).hexdigest()
+
+
+def history_room(prompt: str, count: Callable[[str], int]) -> int:
+    """Tokens of formatted history one summarizer call can take beside ``prompt`` and the
+    answer."""
+    return ctxsum_settings.SUMMARY_INPUT_BUDGET - count(prompt) - ctxsum_settings.SUMMARY_MAX_TOKENS
+
+
+def summary_size(text: str, conversation: Conversation) -> int:
+    """Tokens of a summary's text as the context message it becomes."""
+    return tokens.count_message(summary_message(text), model=conversation.model or None)
+
+
+def summary_write(
+    conversation: Conversation,
+    previous: Summary | None,
+    archived: Sequence[Message],
+    *,
+    budget: int,
+    before_call: Callable[[], None],
+) -> Written:
+    """The new summary from ``previous`` plus ``archived``, in as many calls as the
+    summarizer's input budget needs: every archived message reaches it. ``before_call`` runs
+    before every call but the first (the compaction renews its lease there)."""
+    prompt = summary_prompt(budget)
+
+    def count(text: str) -> int:
+        return tokens.count_text(text, model=conversation.model or None)
+
+    room = history_room(prompt, count)
+    if room < MIN_CHUNK_BUDGET:
+        raise SummarizerError(BUDGET_TOO_SMALL.format(budget=room))
+    chunks = formatting.chunk_history(
+        [row.as_openai() for row in archived], budget=room, count=count
+    )
+    summarizer, model = get_summarizer(), summary_model(conversation)
+    text = previous.text if previous else None
+    input_tokens = output_tokens = 0
+    started = time.monotonic()
+    for index, chunk in enumerate(chunks):
+        if index:
+            before_call()
+        history = formatting.with_summary_so_far(text, chunk)
+        answer = summarizer.summarize(prompt=prompt, history=history, model=model, budget=budget)
+        if not answer or not answer.strip():
+            raise SummarizerError(BLANK_SUMMARY)
+        text = answer.strip()
+        input_tokens += count(prompt) + count(history)
+        output_tokens += count(text)
+    assert text is not None  # chunk_history returns at least one chunk for a non-empty list
+    return Written(
+        text=text,
+        model=model,
+        token_count=summary_size(text, conversation),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        latency_ms=int((time.monotonic() - started) * 1000),
+    )
