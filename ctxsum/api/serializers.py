@@ -1,17 +1,23 @@
-"""Request validation and response shapes of the REST API."""
+"""The REST API's shapes, in one style: an input serializer per write (it checks the
+request's structure; the service checks its meaning) and an output serializer per answer
+(fed by the views with what services and selectors return)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext_lazy as _
 from rest_framework import serializers
 
-from ctxsum import tokens
-from ctxsum.conf import ctxsum_settings
+from ctxsum import selectors
 from ctxsum.models import Conversation, Message, Summary
+from ctxsum.policy import Reason
+from ctxsum.validation import UNKNOWN_FIELD
 
-UNKNOWN_FIELD = "Unknown field."
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
+
+
+# --------------------------------------------------------------------------- input
 
 
 class StrictSerializer(serializers.Serializer):
@@ -21,14 +27,14 @@ class StrictSerializer(serializers.Serializer):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise serializers.ValidationError({field: [UNKNOWN_FIELD] for field in unknown})
+                raise serializers.ValidationError({name: [UNKNOWN_FIELD] for name in unknown})
         return super().to_internal_value(data)
 
 
 class StringField(serializers.CharField):
     """A CharField that takes only JSON strings: DRF's own turns 123 into "123"."""
 
-    default_error_messages = {"invalid": "Must be a string."}
+    default_error_messages = {"invalid": _("Must be a string.")}
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
@@ -36,52 +42,93 @@ class StringField(serializers.CharField):
         return super().to_internal_value(data)
 
 
-class PolicyField(serializers.JSONField):
-    """``{"trigger": {...} or null, "keep": {...} or null, "max_context_tokens": N or null}``;
-    the rules are checked by the service against the settings' defaults."""
+class PolicyInputSerializer(StrictSerializer):
+    """Overrides of the settings' policy; null resets one to the default. The rules are
+    checked by the service, against each other and the defaults."""
 
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict):
-            raise serializers.ValidationError(
-                "Must be an object with trigger, keep and/or max_context_tokens."
-            )
-        unknown = sorted(set(data) - set(POLICY_KEYS))
-        if unknown:
-            raise serializers.ValidationError(f"Unknown key(s): {', '.join(unknown)}.")
-        return data
+    trigger = serializers.JSONField(required=False, allow_null=True)
+    keep = serializers.JSONField(required=False, allow_null=True)
+    max_context_tokens = serializers.JSONField(required=False, allow_null=True)
 
 
-class ConversationWriteSerializer(StrictSerializer):
-    title = StringField(max_length=200, allow_blank=True, required=False)
+class ConversationInputSerializer(StrictSerializer):
+    """PATCH of a conversation: every field optional. Lengths are the service's to check."""
+
+    title = StringField(allow_blank=True, trim_whitespace=False, required=False)
     system = StringField(allow_blank=True, trim_whitespace=False, required=False)
     metadata = serializers.DictField(required=False)
-    model = StringField(max_length=100, allow_blank=True, required=False)
-    policy = PolicyField(required=False)
+    model = StringField(allow_blank=True, trim_whitespace=False, required=False)
+    policy = PolicyInputSerializer(required=False)
 
 
-class ConversationCreateSerializer(ConversationWriteSerializer):
+class ConversationCreateInputSerializer(ConversationInputSerializer):
     messages = serializers.ListField(child=serializers.JSONField(), required=False)
 
 
-class CompactSerializer(StrictSerializer):
+class MessageBatchInputSerializer(StrictSerializer):
+    """``{"messages": [...]}``; each message is checked by the service, which names the
+    index and field of every error. A lone message object is taken as a batch of one."""
+
+    messages = serializers.JSONField()
+
+
+class CompactInputSerializer(StrictSerializer):
     force = serializers.BooleanField(default=False)
     dry_run = serializers.BooleanField(default=False)
 
 
-def effective_policy(conversation: Conversation) -> dict[str, Any]:
-    return {
-        "trigger": conversation.trigger or ctxsum_settings.TRIGGER,
-        "keep": conversation.keep or ctxsum_settings.KEEP,
-        "max_context_tokens": (
-            conversation.max_context_tokens or ctxsum_settings.MAX_CONTEXT_TOKENS
-        ),
-    }
+# --------------------------------------------------------------------------- output
 
 
-class ConversationSerializer(serializers.ModelSerializer):
+class SummaryOutputSerializer(serializers.ModelSerializer):
+    covers = serializers.SerializerMethodField()
+    previous_version = serializers.IntegerField(source="previous.version", allow_null=True)
+
+    class Meta:
+        model = Summary
+        fields = [
+            "version",
+            "text",
+            "prompt_version",
+            "prompt_sha256",
+            "model",
+            "covers",
+            "previous_version",
+            "input_tokens",
+            "output_tokens",
+            "active",
+            "created_at",
+        ]
+
+    def get_covers(self, summary: Summary) -> dict[str, int]:
+        return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
+
+
+class MessageOutputSerializer(serializers.ModelSerializer):
+    """A stored message: the OpenAI message plus where it stands in the conversation."""
+
+    archived = serializers.SerializerMethodField()
+    summary_version = serializers.IntegerField(source="summary.version", allow_null=True)
+    replaced = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Message
+        fields = ["seq", "token_count", "archived", "summary_version", "replaced", "created_at"]
+
+    def to_representation(self, message: Message) -> dict[str, Any]:
+        return {**message.as_openai(), **super().to_representation(message)}
+
+    def get_archived(self, message: Message) -> bool:
+        return message.summary_id is not None
+
+    def get_replaced(self, message: Message) -> bool:
+        return message.replaced_at is not None
+
+
+class ConversationOutputSerializer(serializers.ModelSerializer):
     policy = serializers.SerializerMethodField()
     effective_policy = serializers.SerializerMethodField()
-    active_tokens = serializers.SerializerMethodField()
+    active_tokens = serializers.IntegerField(source="context_tokens")
 
     class Meta:
         model = Conversation
@@ -101,45 +148,96 @@ class ConversationSerializer(serializers.ModelSerializer):
         ]
 
     def get_policy(self, conversation: Conversation) -> dict[str, Any]:
-        return {
-            "trigger": conversation.trigger,
-            "keep": conversation.keep,
-            "max_context_tokens": conversation.max_context_tokens,
-        }
+        return {key: getattr(conversation, key) for key in POLICY_KEYS}
 
     def get_effective_policy(self, conversation: Conversation) -> dict[str, Any]:
-        return effective_policy(conversation)
-
-    def get_active_tokens(self, conversation: Conversation) -> int:
-        return tokens.context_tokens([conversation.active_tokens])
+        return selectors.conversation_effective_policy(conversation)
 
 
-def message_data(message: Message) -> dict[str, Any]:
-    """A stored message: the OpenAI message plus where it stands in the conversation."""
-    return {
-        **message.as_openai(),
-        "seq": message.seq,
-        "token_count": message.token_count,
-        "archived": message.summary_id is not None,
-        "summary_version": message.summary.version if message.summary_id else None,
-        "replaced": message.replaced_at is not None,
-        "created_at": serializers.DateTimeField().to_representation(message.created_at),
-    }
+class ContextOutputSerializer(serializers.Serializer):
+    """The active context (a ``selectors.ActiveContext``), as it would be sent now."""
+
+    messages = serializers.ListField(child=serializers.DictField())
+    token_count = serializers.IntegerField()
+    summary = SummaryOutputSerializer(allow_null=True)
+    revision = serializers.IntegerField()
+    over_max_context_tokens = serializers.BooleanField()
 
 
-def summary_data(summary: Summary | None) -> dict[str, Any] | None:
-    if summary is None:
-        return None
-    return {
-        "version": summary.version,
-        "text": summary.text,
-        "prompt_version": summary.prompt_version,
-        "prompt_sha256": summary.prompt_sha256,
-        "model": summary.model,
-        "covers": {"from_seq": summary.from_seq, "to_seq": summary.to_seq},
-        "previous_version": summary.previous.version if summary.previous_id else None,
-        "input_tokens": summary.input_tokens,
-        "output_tokens": summary.output_tokens,
-        "active": summary.active,
-        "created_at": serializers.DateTimeField().to_representation(summary.created_at),
-    }
+class ConversationDetailOutputSerializer(ConversationOutputSerializer):
+    """One conversation with its system prompt, active summary and stats; the view passes
+    its active context as ``context["active"]``."""
+
+    system = serializers.SerializerMethodField()
+    summary = serializers.SerializerMethodField()
+    stats = serializers.SerializerMethodField()
+
+    class Meta(ConversationOutputSerializer.Meta):
+        fields = [*ConversationOutputSerializer.Meta.fields, "system", "summary", "stats"]
+
+    def get_system(self, conversation: Conversation) -> Any:
+        active: selectors.ActiveContext = self.context["active"]
+        return active.rows[0].content if active.leading else None
+
+    def get_summary(self, conversation: Conversation) -> dict[str, Any] | None:
+        summary = self.context["active"].summary
+        return SummaryOutputSerializer(summary).data if summary else None
+
+    def get_stats(self, conversation: Conversation) -> dict[str, int]:
+        return selectors.conversation_stats(conversation=conversation)
+
+
+class AutoCompactionOutputSerializer(serializers.Serializer):
+    """What the compaction after an append did (``services.AutoCompaction``)."""
+
+    compacted = serializers.BooleanField()
+    reason = serializers.CharField()
+    summary_version = serializers.IntegerField(allow_null=True)
+    over_trigger = serializers.BooleanField()
+    detail = serializers.CharField(allow_blank=True)
+
+
+class AppendOutputSerializer(serializers.Serializer):
+    """What an append stored (``services.Appended``); ``compaction`` only with AUTO_COMPACT."""
+
+    messages = MessageOutputSerializer(many=True)
+    compaction = AutoCompactionOutputSerializer(allow_null=True)
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if data["compaction"] is None:
+            del data["compaction"]
+        return data
+
+
+class CompactionOutputSerializer(serializers.Serializer):
+    """What a compaction did (``services.CompactionResult``); ``plan`` unless the trigger
+    was not reached."""
+
+    compacted = serializers.BooleanField()
+    reason = serializers.CharField()
+    over_trigger = serializers.BooleanField()
+    summary = SummaryOutputSerializer(allow_null=True)
+    context = ContextOutputSerializer()
+    plan = serializers.SerializerMethodField()
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if data["plan"] is None:
+            del data["plan"]
+        return data
+
+    def get_plan(self, result: Any) -> dict[str, Any] | None:
+        plan, archived = result.plan, result.archived
+        if plan is None or result.reason == Reason.BELOW_TRIGGER:
+            return None
+        return {
+            "archive": {
+                "count": len(archived),
+                "from_seq": archived[0].seq if archived else None,
+                "to_seq": archived[-1].seq if archived else None,
+            },
+            "keep_count": plan.message_count_before - plan.cutoff,
+            "tokens_before": plan.tokens_before,
+            "tokens_after": plan.tokens_after,
+        }

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
+from django.db import connections, transaction
+from django.db.models import QuerySet
+from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
@@ -19,33 +20,38 @@ from rest_framework.reverse import reverse
 from ctxsum import selectors, services
 from ctxsum.api.serializers import (
     POLICY_KEYS,
-    CompactSerializer,
-    ConversationCreateSerializer,
-    ConversationSerializer,
-    ConversationWriteSerializer,
-    message_data,
-    summary_data,
+    AppendOutputSerializer,
+    CompactInputSerializer,
+    CompactionOutputSerializer,
+    ContextOutputSerializer,
+    ConversationCreateInputSerializer,
+    ConversationDetailOutputSerializer,
+    ConversationInputSerializer,
+    ConversationOutputSerializer,
+    MessageBatchInputSerializer,
+    MessageOutputSerializer,
+    SummaryOutputSerializer,
 )
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, SummarizerError, TooLarge
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason
-from ctxsum.services.compaction import CompactionResult, conversation_compact, failure_reason
+from ctxsum.services.compaction import failure_reason
 
-CONVERSATION_NOT_FOUND = "No such conversation."
-BODY_TOO_LARGE = "The request body is {size} bytes; the limit is {limit} bytes."
-TOO_DEEP = "The JSON is nested too deeply."
+CONVERSATION_NOT_FOUND = _("No such conversation.")
+BODY_TOO_LARGE = _("The request body is {size} bytes; the limit is {limit} bytes.")
+TOO_DEEP = _("The JSON is nested too deeply.")
 
 
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The request is too large."
+    default_detail = _("The request is too large.")
     default_code = "too_large"
 
 
 class SummarizerFailed(exceptions.APIException):
     status_code = status.HTTP_502_BAD_GATEWAY
-    default_detail = "The summarizer failed; nothing was changed."
+    default_detail = _("The summarizer failed; nothing was changed.")
     default_code = "summarizer_error"
 
     def __init__(self, detail: str, *, reason: Reason) -> None:
@@ -69,8 +75,12 @@ class CtxsumView(GenericAPIView):
     @classmethod
     def as_view(cls, **initkwargs: Any) -> Any:
         # Services own their transactions: compaction must call the LLM outside of one and
-        # an auto compaction must follow a committed append, so ATOMIC_REQUESTS is opted out.
-        return transaction.non_atomic_requests(super().as_view(**initkwargs))
+        # an auto compaction must follow a committed append, so ATOMIC_REQUESTS is opted out,
+        # on every database.
+        view = super().as_view(**initkwargs)
+        for alias in connections:
+            view = transaction.non_atomic_requests(using=alias)(view)
+        return view
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
@@ -100,10 +110,14 @@ class CtxsumView(GenericAPIView):
             response.data["reason"] = str(exc.reason)
         return response
 
+    def get_queryset(self) -> QuerySet[Conversation]:
+        """The conversations the request's user owns: all an endpoint can reach."""
+        return selectors.conversation_list(owner=self.request.user)
+
     def get_conversation(self) -> Conversation:
         # Someone else's conversation, a missing one and a malformed id answer alike.
         try:
-            return Conversation.objects.get(pk=self.kwargs["pk"], owner=self.request.user)
+            return self.get_queryset().get(pk=self.kwargs["pk"])
         except (Conversation.DoesNotExist, DjangoValidationError, ValueError) as error:
             raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
 
@@ -117,9 +131,16 @@ def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationEr
     return exceptions.ValidationError(errors)
 
 
-def _policy_fields(data: dict[str, Any]) -> dict[str, Any]:
-    policy = data.pop("policy", None) or {}
-    return {key: policy[key] for key in POLICY_KEYS if key in policy}
+def _service_fields(validated: dict[str, Any]) -> dict[str, Any]:
+    """The validated input as the service's keyword arguments: the policy's keys flattened."""
+    fields = dict(validated)
+    fields.update(fields.pop("policy", None) or {})
+    return fields
+
+
+def _detail(conversation: Conversation) -> dict[str, Any]:
+    active = selectors.context_get(conversation=conversation)
+    return ConversationDetailOutputSerializer(conversation, context={"active": active}).data
 
 
 class ApiRoot(CtxsumView):
@@ -128,51 +149,43 @@ class ApiRoot(CtxsumView):
 
 
 class ConversationList(CtxsumView):
+    serializer_class = ConversationCreateInputSerializer
+
     def get(self, request: Request) -> Response:
         page = self.paginate_queryset(selectors.conversation_list(owner=request.user))
-        return self.get_paginated_response(ConversationSerializer(page, many=True).data)
+        return self.get_paginated_response(ConversationOutputSerializer(page, many=True).data)
 
     def post(self, request: Request) -> Response:
-        serializer = ConversationCreateSerializer(data=request.data)
+        serializer = ConversationCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
         try:
             conversation = services.conversation_create(
-                owner=request.user, **_policy_fields(data), **data
+                owner=request.user, **_service_fields(serializer.validated_data)
             )
         except MessagesInvalid as error:
             raise exceptions.ValidationError({"messages": error.per_message}) from error
         except DjangoValidationError as error:
             raise _nest_policy_errors(error) from error
-        return Response(conversation_detail(conversation), status=status.HTTP_201_CREATED)
-
-
-def conversation_detail(conversation: Conversation) -> dict[str, Any]:
-    context = selectors.context_get(conversation=conversation)
-    data = dict(ConversationSerializer(conversation).data)
-    leading = context.rows[0] if context.leading else None
-    data["system"] = leading.content if leading else None
-    data["summary"] = summary_data(context.summary)
-    data["stats"] = selectors.conversation_stats(conversation=conversation)
-    return data
+        return Response(_detail(conversation), status=status.HTTP_201_CREATED)
 
 
 class ConversationDetail(CtxsumView):
+    serializer_class = ConversationInputSerializer
+
     def get(self, request: Request, pk: str) -> Response:
-        return Response(conversation_detail(self.get_conversation()))
+        return Response(_detail(self.get_conversation()))
 
     def patch(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        serializer = ConversationWriteSerializer(data=request.data, partial=True)
+        serializer = ConversationInputSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        data = dict(serializer.validated_data)
         try:
-            conversation = services.conversation_update(
-                conversation=conversation, **_policy_fields(data), **data
+            services.conversation_update(
+                conversation=conversation, **_service_fields(serializer.validated_data)
             )
         except DjangoValidationError as error:
             raise _nest_policy_errors(error) from error
-        return Response(conversation_detail(conversation))
+        return Response(_detail(conversation))
 
     def delete(self, request: Request, pk: str) -> Response:
         services.conversation_delete(conversation=self.get_conversation())
@@ -180,86 +193,59 @@ class ConversationDetail(CtxsumView):
 
 
 class MessageList(CtxsumView):
+    serializer_class = MessageBatchInputSerializer
+
     def get(self, request: Request, pk: str) -> Response:
         transcript = selectors.transcript_list(conversation=self.get_conversation())
         page = self.paginate_queryset(transcript)
-        return self.get_paginated_response([message_data(message) for message in page])
+        return self.get_paginated_response(MessageOutputSerializer(page, many=True).data)
 
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        body = request.data
-        batch = isinstance(body, dict) and "messages" in body
-        if batch and set(body) != {"messages"}:
-            unknown = sorted(set(body) - {"messages"})
-            raise exceptions.ValidationError({field: ["Unknown field."] for field in unknown})
+        batch = isinstance(request.data, dict) and "messages" in request.data
+        if batch:
+            serializer = MessageBatchInputSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            messages = serializer.validated_data["messages"]
+        else:
+            messages = [request.data]
         try:
-            appended = services.message_append(
-                conversation=conversation, messages=body["messages"] if batch else [body]
-            )
+            appended = services.message_append(conversation=conversation, messages=messages)
         except MessagesInvalid as error:
             detail = {"messages": error.per_message} if batch else error.per_message[0]
             raise exceptions.ValidationError(detail) from error
-        data: dict[str, Any] = {"messages": [message_data(row) for row in appended.messages]}
-        if appended.compaction is not None:
-            data["compaction"] = asdict(appended.compaction)
-        return Response(data, status=status.HTTP_201_CREATED)
+        return Response(AppendOutputSerializer(appended).data, status=status.HTTP_201_CREATED)
 
 
 class ContextDetail(CtxsumView):
+    serializer_class = ContextOutputSerializer
+
     def get(self, request: Request, pk: str) -> Response:
         context = selectors.context_get(conversation=self.get_conversation())
-        return Response(context_data(context))
-
-
-def context_data(context: selectors.ActiveContext) -> dict[str, Any]:
-    return {
-        "messages": context.messages,
-        "token_count": context.token_count,
-        "summary": summary_data(context.summary),
-        "revision": context.revision,
-        "over_max_context_tokens": context.over_max_context_tokens,
-    }
+        return Response(ContextOutputSerializer(context).data)
 
 
 class ConversationCompact(CtxsumView):
+    serializer_class = CompactInputSerializer
+
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        serializer = CompactSerializer(data=request.data)
+        serializer = CompactInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            result = conversation_compact(conversation=conversation, **serializer.validated_data)
+            result = services.conversation_compact(
+                conversation=conversation, **serializer.validated_data
+            )
         except SummarizerError as error:
             raise SummarizerFailed(
                 f"{SummarizerFailed.default_detail} {error}", reason=failure_reason(error)
             ) from error
-        return Response(compaction_data(result))
-
-
-def compaction_data(result: CompactionResult) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "compacted": result.compacted,
-        "reason": str(result.reason),
-        "over_trigger": result.over_trigger,
-        "summary": summary_data(result.summary),
-        "context": context_data(result.context),
-    }
-    plan = result.plan
-    if plan is not None and result.reason != Reason.BELOW_TRIGGER:
-        archived = result.archived or []
-        data["plan"] = {
-            "archive": {
-                "count": len(archived),
-                "from_seq": archived[0].seq if archived else None,
-                "to_seq": archived[-1].seq if archived else None,
-            },
-            "keep_count": plan.message_count_before - plan.cutoff,
-            "tokens_before": plan.tokens_before,
-            "tokens_after": plan.tokens_after,
-        }
-    return data
+        return Response(CompactionOutputSerializer(result).data)
 
 
 class SummaryList(CtxsumView):
+    serializer_class = SummaryOutputSerializer
+
     def get(self, request: Request, pk: str) -> Response:
         page = self.paginate_queryset(selectors.summary_list(conversation=self.get_conversation()))
-        return self.get_paginated_response([summary_data(summary) for summary in page])
+        return self.get_paginated_response(SummaryOutputSerializer(page, many=True).data)
