@@ -1,4 +1,5 @@
-"""When to compact a conversation and where to cut it: pure functions, no ORM, no I/O.
+"""When to compact a conversation and where to cut it: pure functions, no ORM, no I/O
+(messages are marked for translation; nothing else of Django is used).
 
 Everything here works on the active context as it would be sent, in OpenAI chat format:
 an optional leading system/developer message, the active summary (a user message) if
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from django.utils.translation import gettext_lazy as _
+
 from ctxsum.tokens import context_tokens
 
 Message = Mapping[str, Any]
@@ -22,17 +25,17 @@ UNITS = ("messages", "tokens")
 # Roles a conversation's first message may have to be pinned as its leading message.
 LEADING_ROLES = ("system", "developer")
 
-NOT_AN_OBJECT = '{field} must be an object such as {{"messages": 20}} or {{"tokens": 8000}}.'
-UNKNOWN_KEYS = "{field} has unknown keys {keys}; the allowed keys are messages and tokens."
-NOT_POSITIVE_INT = "{field}.{unit} must be a positive integer, not {value!r}."
-NOT_POSITIVE = "{field} must be a positive integer or null, not {value!r}."
-TRIGGER_EMPTY = "trigger needs at least one of messages or tokens."
-KEEP_NOT_ONE_UNIT = "keep needs exactly one of messages or tokens."
-KEEP_NOT_BELOW_TRIGGER = (
+NOT_AN_OBJECT = _('{field} must be an object such as {{"messages": 20}} or {{"tokens": 8000}}.')
+UNKNOWN_KEYS = _("{field} has unknown keys {keys}; the allowed keys are messages and tokens.")
+NOT_POSITIVE_INT = _("{field}.{unit} must be a positive integer, not {value!r}.")
+NOT_POSITIVE = _("{field} must be a positive integer or null, not {value!r}.")
+TRIGGER_EMPTY = _("trigger needs at least one of messages or tokens.")
+KEEP_NOT_ONE_UNIT = _("keep needs exactly one of messages or tokens.")
+KEEP_NOT_BELOW_TRIGGER = _(
     "keep.{unit} ({keep}) must be less than trigger.{unit} ({trigger}); otherwise a "
     "compaction would have nothing to summarize."
 )
-KEEP_LEAVES_NO_ROOM = (
+KEEP_LEAVES_NO_ROOM = _(
     "keep.messages ({keep}) plus the pinned system message and summary reaches "
     "trigger.messages ({trigger}): every compacted context would still reach the trigger. "
     "Keep at most {most} messages."
@@ -64,7 +67,7 @@ class PolicyError(ValueError):
     """A trigger or keep setting is malformed; ``field`` is ``"trigger"`` or ``"keep"``."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(str(message))
         self.field = field
 
 
@@ -75,7 +78,7 @@ def _check_amount(field: str, unit: str, value: object) -> None:
         raise PolicyError(field, message.format(field=field, unit=unit, value=value))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Trigger:
     """When to compact: with both keys set, both thresholds must be reached."""
 
@@ -107,11 +110,8 @@ class Trigger:
             if (limit := getattr(self, unit)) is not None
         )
 
-    def as_dict(self) -> dict[str, int]:
-        return _as_dict(self.messages, self.tokens)
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Keep:
     """How much recent history stays verbatim: exactly one of messages or tokens."""
 
@@ -124,11 +124,8 @@ class Keep:
         _check_amount("keep", "messages", self.messages)
         _check_amount("keep", "tokens", self.tokens)
 
-    def as_dict(self) -> dict[str, int]:
-        return _as_dict(self.messages, self.tokens)
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     """A trigger, a retention rule that can work with it, and an optional hard ceiling on
     the context's tokens (``max_context_tokens``)."""
@@ -161,11 +158,6 @@ class Policy:
                     keep=kept, trigger=limit, most=max(limit - PINNED_MAX - 1, 0)
                 ),
             )
-
-
-def _as_dict(messages: int | None, tokens: int | None) -> dict[str, int]:
-    values = {"messages": messages, "tokens": tokens}
-    return {unit: value for unit, value in values.items() if value is not None}
 
 
 def _amounts(field: str, value: object) -> dict[str, Any]:
@@ -320,7 +312,7 @@ def summary_budget(
     return max(MIN_SUMMARY_BUDGET, budget)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sizing:
     """What the planner needs to know about summaries and how far below the trigger a
     compaction aims (``target_ratio`` of it)."""
@@ -331,7 +323,7 @@ class Sizing:
     summary_overhead: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """What a compaction of a context would do: archive ``messages[start:cutoff]`` and ask
     for a summary of at most ``summary_budget`` tokens.
@@ -389,13 +381,17 @@ def plan_compaction(
     due = policy.over(count, estimate.tokens_before)
     if not force and not due:
         return estimate.unchanged(Reason.BELOW_TRIGGER)
+    return _cut(estimate, _ToolBoundaries(messages, start), due=due)
 
-    boundaries = _ToolBoundaries(messages, start)
+
+def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Plan:
+    """Where a context that is due (or forced) is cut: after ``keep``, or after fewer."""
+    start, keep = estimate.start, estimate.policy.keep
     # The newest message and its tool round always stay verbatim.
-    last = boundaries.safe(count - 1) if count > start else start
+    last = boundaries.safe(estimate.count - 1) if estimate.count > start else start
     if last <= start:
         return estimate.unchanged(Reason.NOTHING_TO_SUMMARIZE)
-    cutoff = min(boundaries.safe(retention_cutoff(tokens, start=start, keep=policy.keep)), last)
+    cutoff = min(boundaries.safe(retention_cutoff(estimate.tokens, start=start, keep=keep)), last)
     if cutoff > start:
         preferred = estimate.compaction(cutoff)
         if not preferred.over_trigger:
@@ -441,7 +437,15 @@ class _Estimates:
 
     def unchanged(self, reason: Reason) -> Plan:
         count, size = self.count, self.tokens_before
-        return Plan(reason, self.start, self.start, count, size, count, size)
+        return Plan(
+            reason=reason,
+            start=self.start,
+            cutoff=self.start,
+            message_count_before=count,
+            tokens_before=size,
+            message_count_after=count,
+            tokens_after=size,
+        )
 
     def compaction(self, cutoff: int) -> Plan:
         """Archiving ``[start:cutoff]``: the summary counted at its budget."""
@@ -456,15 +460,15 @@ class _Estimates:
         count_after = int(self.leading) + 1 + (self.count - cutoff)
         tokens_after = context_tokens([*pinned, summary, *self.tokens[cutoff:]])
         return Plan(
-            Reason.COMPACTED,
-            self.start,
-            cutoff,
-            self.count,
-            self.tokens_before,
-            count_after,
-            tokens_after,
-            budget,
-            self.policy.over(count_after, tokens_after),
+            reason=Reason.COMPACTED,
+            start=self.start,
+            cutoff=cutoff,
+            message_count_before=self.count,
+            tokens_before=self.tokens_before,
+            message_count_after=count_after,
+            tokens_after=tokens_after,
+            summary_budget=budget,
+            over_trigger=self.policy.over(count_after, tokens_after),
         )
 
     def lands(self, plan: Plan) -> bool:

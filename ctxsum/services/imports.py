@@ -136,7 +136,7 @@ def error_reason(error: Exception) -> str:
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Tally:
     conversations: int = 0
     messages: int = 0
