@@ -214,7 +214,7 @@ class CompactionAttempt(models.Model):
     )
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     reason = models.CharField(
-        max_length=64, blank=True, default="", choices=[(r.value, r.value) for r in Reason]
+        max_length=64, blank=True, default="", choices=Reason.choices()
     )
     error = models.TextField(blank=True, default="")
     summary = models.ForeignKey(

@@ -62,6 +62,11 @@ class Reason(StrEnum):
     SUMMARY_TRUNCATED = "summary_truncated"
     ERROR = "error"
 
+    @classmethod
+    def choices(cls) -> list[tuple[str, str]]:
+        """The reasons as a model field's choices."""
+        return [(reason.value, reason.value) for reason in cls]
+
 
 class PolicyError(ValueError):
     """A trigger or keep setting is malformed; ``field`` is ``"trigger"`` or ``"keep"``."""
