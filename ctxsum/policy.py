@@ -441,15 +441,22 @@ class _Estimates:
             self.archived[index + 1] = self.archived[index] + tokens[index]
 
     def unchanged(self, reason: Reason) -> Plan:
-        count, size = self.count, self.tokens_before
+        return self._plan(reason, self.start, self.count, self.tokens_before)
+
+    def _plan(
+        self, reason: Reason, cutoff: int, count_after: int, tokens_after: int, budget: int = 0
+    ) -> Plan:
         return Plan(
             reason=reason,
             start=self.start,
-            cutoff=self.start,
-            message_count_before=count,
-            tokens_before=size,
-            message_count_after=count,
-            tokens_after=size,
+            cutoff=cutoff,
+            message_count_before=self.count,
+            tokens_before=self.tokens_before,
+            message_count_after=count_after,
+            tokens_after=tokens_after,
+            summary_budget=budget,
+            # Only a compaction can leave the context over: an unchanged one says so elsewhere.
+            over_trigger=reason == Reason.COMPACTED and self.policy.over(count_after, tokens_after),
         )
 
     def compaction(self, cutoff: int) -> Plan:
@@ -464,17 +471,7 @@ class _Estimates:
         summary = budget + self.sizing.summary_overhead
         count_after = int(self.leading) + 1 + (self.count - cutoff)
         tokens_after = context_tokens([*pinned, summary, *self.tokens[cutoff:]])
-        return Plan(
-            reason=Reason.COMPACTED,
-            start=self.start,
-            cutoff=cutoff,
-            message_count_before=self.count,
-            tokens_before=self.tokens_before,
-            message_count_after=count_after,
-            tokens_after=tokens_after,
-            summary_budget=budget,
-            over_trigger=self.policy.over(count_after, tokens_after),
-        )
+        return self._plan(Reason.COMPACTED, cutoff, count_after, tokens_after, budget)
 
     def lands(self, plan: Plan) -> bool:
         """Whether a plan lands far enough below the trigger and the ceiling that the next
