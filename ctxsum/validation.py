@@ -4,6 +4,7 @@ field, with errors that name the field. Pure: no ORM, no I/O."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,7 @@ TOOL_CALL_ID_ARCHIVED = _(
     "The tool call with id {id!r} has been summarized; a result for it can no longer join the "
     "context."
 )
+TOOL_CALL_ID_ANSWERED = _("The tool call with id {id!r} has its result already.")
 EXTRA_ROLE = _("Only assistant messages can have this field.")
 # The JSON type each extra must have when it is not null.
 EXTRA_TYPES: dict[str, tuple[type, Any]] = {
@@ -63,6 +65,46 @@ EXTRA_TYPES: dict[str, tuple[type, Any]] = {
     "audio": (Mapping, _("Must be an object or null.")),
 }
 MESSAGE_TOO_LARGE = _("A message is {size} bytes; the limit is {limit} bytes.")
+NUL_CHARACTER = _("Must not contain the NUL character (\\u0000).")
+UNPAIRED_SURROGATE = _("Must not contain an unpaired surrogate (\\ud800 to \\udfff).")
+NOT_FINITE = _("Must not contain a number that is not finite.")
+
+
+def unstorable(value: Any) -> str | None:
+    """What keeps a JSON value out of the database, or None: a NUL character or an unpaired
+    surrogate in a string or key (PostgreSQL's text and jsonb refuse both, and neither is
+    valid UTF-8 text), or a number that is not finite (JSON has none; ``1e400`` parses as
+    infinity)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return str(NUL_CHARACTER)
+            if not item.isascii() and _has_surrogate(item):
+                return str(UNPAIRED_SURROGATE)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return str(NOT_FINITE)
+        elif isinstance(item, Mapping):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
+
+
+def field_name(key: Any) -> str:
+    """A client's key as an error may name it: an unpaired surrogate, which no JSON answer
+    can carry, shown escaped."""
+    return str(key).encode("utf-8", "backslashreplace").decode()
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _is_text(value: Any, max_length: int | None = None) -> bool:
@@ -71,32 +113,56 @@ def _is_text(value: Any, max_length: int | None = None) -> bool:
     return max_length is None or len(value) <= max_length
 
 
+def _image_error(body: Mapping[str, Any]) -> str | None:
+    if not _is_text(body.get("url")):
+        return _("needs image_url.url")
+    if body.get("detail") not in (None, "auto", "low", "high"):
+        return _("image_url.detail must be auto, low or high")
+    return None
+
+
+def _audio_error(body: Mapping[str, Any]) -> str | None:
+    if not _is_text(body.get("data")):
+        return _("needs input_audio.data")
+    if body.get("format") not in AUDIO_FORMATS:
+        return _("input_audio.format must be wav or mp3")
+    return None
+
+
+def _file_error(body: Mapping[str, Any]) -> str | None:
+    if not (_is_text(body.get("file_data")) or _is_text(body.get("file_id"))):
+        return _("needs file.file_data or file.file_id")
+    wrong = [key for key in PART_BODIES["file"] if key in body and not isinstance(body[key], str)]
+    if wrong:
+        return _("file.{key} must be a string").format(key=wrong[0])
+    return None
+
+
+# The keys each non-text part's object may have (OpenAI's shapes), and its check.
+PART_BODIES = {
+    "image_url": ("url", "detail"),
+    "input_audio": ("data", "format"),
+    "file": ("file_data", "file_id", "filename"),
+}
+_BODY_ERRORS = {"image_url": _image_error, "input_audio": _audio_error, "file": _file_error}
+
+
 def _part_error(part: Any, allowed: tuple[str, ...]) -> str | None:
     if not isinstance(part, Mapping):
         return _("must be an object")
     kind = part.get("type")
     if kind not in allowed:
         return _("type must be one of: {types}").format(types=", ".join(allowed))
+    if unknown := sorted(set(part) - {"type", kind}):
+        return _("unknown key(s) {names}").format(names=", ".join(unknown))
     body = part.get(kind)
     if kind in ("text", "refusal"):
-        if not isinstance(body, str):
-            return _("needs a string '{kind}'").format(kind=kind)
-    elif kind == "image_url":
-        if not isinstance(body, Mapping) or not _is_text(body.get("url")):
-            return _("needs image_url.url")
-        if body.get("detail") not in (None, "auto", "low", "high"):
-            return _("image_url.detail must be auto, low or high")
-    elif kind == "input_audio":
-        if not isinstance(body, Mapping) or not _is_text(body.get("data")):
-            return _("needs input_audio.data")
-        if body.get("format") not in AUDIO_FORMATS:
-            return _("input_audio.format must be wav or mp3")
-    elif kind == "file" and not (
-        isinstance(body, Mapping)
-        and (_is_text(body.get("file_data")) or _is_text(body.get("file_id")))
-    ):
-        return _("needs file.file_data or file.file_id")
-    return None
+        return None if isinstance(body, str) else _("needs a string '{kind}'").format(kind=kind)
+    if not isinstance(body, Mapping):
+        return _("{kind} must be an object").format(kind=kind)
+    if unknown := sorted(set(body) - set(PART_BODIES[kind])):
+        return _("{kind} has unknown key(s) {names}").format(kind=kind, names=", ".join(unknown))
+    return _BODY_ERRORS[kind](body)
 
 
 def _content_errors(message: Mapping[str, Any], role: str) -> list[str]:
@@ -206,10 +272,18 @@ def clean_message(message: Any, *, max_bytes: int) -> dict[str, Any]:
     """
     if not isinstance(message, Mapping):
         raise MessagesInvalid([{"non_field_errors": [str(NOT_AN_OBJECT)]}])
+    problems = {
+        field_name(field): [problem]
+        for field, value in message.items()
+        if (problem := unstorable(field) or unstorable(value))
+    }
+    if problems:
+        raise MessagesInvalid([problems])
     size = len(json.dumps(message, ensure_ascii=False).encode())
     if size > max_bytes:
         raise TooLarge(MESSAGE_TOO_LARGE.format(size=size, limit=max_bytes))
-    errors = {field: [str(UNKNOWN_FIELD)] for field in sorted(set(message) - set(FIELDS))}
+    unknown = sorted(set(message) - set(FIELDS))
+    errors = {field_name(field): [str(UNKNOWN_FIELD)] for field in unknown}
     role = message.get("role")
     if role not in ROLES:
         errors["role"] = [str(REQUIRED if role is None else BAD_ROLE)]

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from ctxsum import selectors
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import Reason
-from ctxsum.validation import UNKNOWN_FIELD
+from ctxsum.validation import UNKNOWN_FIELD, field_name
 
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
 
@@ -27,7 +27,8 @@ class StrictSerializer(serializers.Serializer):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise serializers.ValidationError({name: [UNKNOWN_FIELD] for name in unknown})
+                errors = {field_name(name): [UNKNOWN_FIELD] for name in unknown}
+                raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
 
 

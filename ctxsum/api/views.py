@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -38,6 +39,7 @@ from ctxsum.models import Conversation
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import failure_reason
 
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 CONVERSATION_NOT_FOUND = _("No such conversation.")
 BODY_TOO_LARGE = _("The request body is {size} bytes; the limit is {limit} bytes.")
 TOO_DEEP = _("The JSON is nested too deeply.")
@@ -115,9 +117,14 @@ class CtxsumView(GenericAPIView):
         return selectors.conversation_list(owner=self.request.user)
 
     def get_conversation(self) -> Conversation:
-        # Someone else's conversation, a missing one and a malformed id answer alike.
+        # Someone else's conversation, a missing one and a malformed id answer alike; an id
+        # is its canonical form only (not urn:uuid:…, braces or capitals), one name per
+        # conversation.
+        pk = self.kwargs["pk"]
         try:
-            return self.get_queryset().get(pk=self.kwargs["pk"])
+            if not CANONICAL_UUID.fullmatch(pk):
+                raise ValueError(pk)
+            return self.get_queryset().get(pk=pk)
         except (Conversation.DoesNotExist, DjangoValidationError, ValueError) as error:
             raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
 

@@ -23,11 +23,11 @@ from ctxsum.services.messages import (
     tool_results_check,
 )
 from ctxsum.services.transactions import write_db
+from ctxsum.validation import unstorable
 
 NOT_A_STRING = _("Must be a string.")
 NOT_AN_OBJECT = _("Must be an object.")
 TOO_LONG = _("Must be at most {limit} characters.")
-NUL_CHARACTER = _("Must not contain the NUL character.")
 SYSTEM_AND_LEADING = _("Give the system prompt either as `system` or as a leading system message.")
 POLICY_FIELDS = ("trigger", "keep", "max_context_tokens")
 
@@ -55,17 +55,15 @@ def fields_clean(**fields: Any) -> None:
     naming every bad field."""
     errors: dict[str, list[str]] = {}
     for name, value in fields.items():
-        if name == "metadata":
+        if problem := unstorable(value):
+            errors[name] = [problem]
+        elif name == "metadata":
             if not isinstance(value, Mapping):
                 errors[name] = [str(NOT_AN_OBJECT)]
-            continue
-        limit = Conversation._meta.get_field(name).max_length
-        if not isinstance(value, str):
+        elif not isinstance(value, str):
             errors[name] = [str(NOT_A_STRING)]
-        elif limit is not None and len(value) > limit:
+        elif len(value) > (limit := Conversation._meta.get_field(name).max_length or len(value)):
             errors[name] = [TOO_LONG.format(limit=limit)]
-        elif "\x00" in value:
-            errors[name] = [str(NUL_CHARACTER)]
     if errors:
         raise ValidationError(errors)
 
@@ -73,6 +71,8 @@ def fields_clean(**fields: Any) -> None:
 def _system_message(system: Any) -> dict[str, Any]:
     if not isinstance(system, str):
         raise ValidationError({"system": [str(NOT_A_STRING)]})
+    if problem := unstorable(system):
+        raise ValidationError({"system": [problem]})
     return {"role": "system", "content": system}
 
 
@@ -91,25 +91,25 @@ def conversation_create(
     """Create a conversation, with its system prompt and first messages if given, in one
     transaction: all or nothing. With AUTO_COMPACT, a compaction follows once that has
     committed, as after any append; its failure never undoes the creation."""
-    fields_clean(title=title, model=model, metadata=metadata or {})
+    fields_clean(title=title, model=model, metadata={} if metadata is None else metadata)
     policy_clean(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
-    batch = list(messages or [])
+    first = messages[0] if isinstance(messages, list | tuple) and messages else None
     leading: list[dict[str, Any]] = []
     if system is not None:
-        if batch and isinstance(batch[0], Mapping) and batch[0].get("role") == "system":
+        if isinstance(first, Mapping) and first.get("role") == "system":
             raise ValidationError({"system": [str(SYSTEM_AND_LEADING)]})
         leading = messages_clean([_system_message(system)])
     conversation = Conversation(
         owner=owner,
         title=title,
-        metadata=dict(metadata or {}),
+        metadata=dict(metadata or {}),  # checked: a mapping or None
         model=model,
         trigger=trigger,
         keep=keep,
         max_context_tokens=max_context_tokens,
     )
     # The client's messages are checked on their own, so errors carry the indices it sent.
-    cleaned = messages_clean(batch) if batch else []
+    cleaned = messages_clean(messages) if messages not in (None, [], ()) else []
     counts = messages_count(conversation, leading + cleaned)
     db = write_db(conversation)
     with transaction.atomic(using=db):

@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum import tokens
@@ -22,12 +23,14 @@ from ctxsum.services.transactions import write_db
 from ctxsum.signals import messages_appended
 from ctxsum.validation import (
     EXTRA_FIELDS,
+    TOOL_CALL_ID_ANSWERED,
     TOOL_CALL_ID_ARCHIVED,
     TOOL_CALL_ID_UNKNOWN,
     clean_message,
 )
 
 BATCH_EMPTY = _("Send at least one message.")
+BATCH_TYPE = _("Must be a list of messages.")
 BATCH_TOO_LARGE = _("A batch holds {count} messages; the limit is {limit}.")
 # What an append changes on the conversation row.
 COUNTER_FIELDS = (
@@ -43,7 +46,9 @@ COUNTER_FIELDS = (
 def messages_clean(messages: Any) -> list[dict[str, Any]]:
     """Validate a batch; raise ValidationError({"messages": [per-message errors]}) naming
     every bad field, or TooLarge."""
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(messages, list | tuple):
+        raise ValidationError({"messages": [str(BATCH_TYPE)]})
+    if not messages:
         raise ValidationError({"messages": [str(BATCH_EMPTY)]})
     limit = ctxsum_settings.MAX_BATCH_MESSAGES
     if len(messages) > limit:
@@ -62,35 +67,68 @@ def messages_clean(messages: Any) -> list[dict[str, Any]]:
 
 
 def tool_results_check(conversation: Conversation, cleaned: Sequence[Mapping[str, Any]]) -> None:
-    """Raise MessagesInvalid for tool results that no earlier tool call of the conversation
-    requested, or whose request a summary has archived (the result would stand in the
-    context without it, which model APIs reject): the batch's own earlier messages first,
-    then one indexed query for the rest."""
-    requested: set[str] = set()
-    wanted: dict[int, str] = {}
-    for index, message in enumerate(cleaned):
-        if message["role"] == "tool" and message["tool_call_id"] not in requested:
-            wanted[index] = message["tool_call_id"]
-        for call in message.get("tool_calls") or ():
-            requested.add(call["id"])
-    if not wanted:
-        return
-    # The nearest earlier request is the newest one with the id: if any request with the id
-    # is still active, that one is.
-    active: dict[str, bool] = {}
-    requests = ToolCall.objects.using(conversation._state.db).filter(
-        conversation=conversation, call_id__in=set(wanted.values())
-    )
-    for call_id, summary_id in requests.values_list("call_id", "message__summary_id"):
-        active[call_id] = active.get(call_id, False) or summary_id is None
+    """Raise MessagesInvalid for a tool result that answers no earlier tool call of the
+    conversation, a call whose request a summary has archived (the result would stand in the
+    context without it, which model APIs reject), or a call that has its result already.
+
+    A result answers the nearest earlier request with its id: the batch's own first, then,
+    with one indexed query, the newest stored one."""
     errors: list[dict[str, list[str]]] = [{} for _ in cleaned]
+    answered: dict[str, bool] = {}  # calls requested in the batch: answered yet?
+    wanted: dict[int, str] = {}  # results for stored requests
+    for index, message in enumerate(cleaned):
+        if message["role"] == "tool":
+            call_id = message["tool_call_id"]
+            if call_id not in answered:
+                wanted[index] = call_id
+            elif answered[call_id]:
+                errors[index] = _refusal(TOOL_CALL_ID_ANSWERED, call_id)
+            else:
+                answered[call_id] = True
+        for call in message.get("tool_calls") or ():
+            answered[call["id"]] = False
+    stored = _stored_requests(conversation, set(wanted.values())) if wanted else {}
+    seen: set[str] = set()
     for index, call_id in wanted.items():
-        if call_id not in active:
-            errors[index] = {"tool_call_id": [TOOL_CALL_ID_UNKNOWN.format(id=call_id)]}
-        elif not active[call_id]:
-            errors[index] = {"tool_call_id": [TOOL_CALL_ID_ARCHIVED.format(id=call_id)]}
+        archived, has_result = stored.get(call_id, (None, None))
+        if archived is None:
+            errors[index] = _refusal(TOOL_CALL_ID_UNKNOWN, call_id)
+        elif archived:
+            errors[index] = _refusal(TOOL_CALL_ID_ARCHIVED, call_id)
+        elif has_result or call_id in seen:
+            errors[index] = _refusal(TOOL_CALL_ID_ANSWERED, call_id)
+        seen.add(call_id)
     if any(errors):
         raise MessagesInvalid(errors)
+
+
+def _refusal(message: Any, call_id: str) -> dict[str, list[str]]:
+    return {"tool_call_id": [message.format(id=call_id)]}
+
+
+def _stored_requests(
+    conversation: Conversation, call_ids: set[str]
+) -> dict[str, tuple[bool, bool]]:
+    """For each id, whether the newest stored request with it is archived, and whether a
+    result answers it already."""
+    db = conversation._state.db
+    results = Message.objects.using(db).filter(
+        conversation=conversation,
+        role="tool",
+        tool_call_id=OuterRef("call_id"),
+        seq__gt=OuterRef("seq"),
+    )
+    requests = (
+        ToolCall.objects.using(db)
+        .filter(conversation=conversation, call_id__in=call_ids)
+        .annotate(answered=Exists(results))
+        .order_by("seq")
+        .values_list("call_id", "message__summary_id", "answered")
+    )
+    # In seq order, so the newest request with an id is the one that stays.
+    return {
+        call_id: (summary_id is not None, answered) for call_id, summary_id, answered in requests
+    }
 
 
 def messages_count(conversation: Conversation, cleaned: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -167,7 +205,7 @@ def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> Ap
     ``conversation`` is brought up to date with the row as the append (and the compaction
     after it) left it.
     """
-    cleaned = messages_clean(list(messages))
+    cleaned = messages_clean(messages)
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
     with transaction.atomic(using=db):
