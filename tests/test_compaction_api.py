@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.urls import reverse
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
@@ -397,3 +398,32 @@ def test_a_crashing_auto_compaction_is_reported_and_logged_never_a_500(api, user
     assert any(
         record.exc_info and "backend bug" in str(record.exc_info[1]) for record in caplog.records
     )
+
+
+def test_the_providers_error_text_reaches_the_log_and_the_attempt_not_the_client(
+    api, conversation, openai_summarizer, caplog
+):
+    openai_summarizer.mode = "error"
+    url = reverse("ctxsum:compact", kwargs={"pk": conversation.pk})
+    with caplog.at_level("WARNING", logger="ctxsum"):
+        response = api.post(url, {}, format="json")
+    assert response.status_code == 502
+    provider_text = "The fake server had an error."
+    assert provider_text not in response.content.decode()
+    assert response.json()["detail"] == "The summarizer failed; nothing was changed."
+    attempt = CompactionAttempt.objects.get(conversation=conversation)
+    assert provider_text in attempt.error
+    assert any(provider_text in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_providers_error_text_stays_out_of_an_appends_answer(
+    api, conversation, openai_summarizer, settings
+):
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    openai_summarizer.mode = "error"
+    url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+    response = api.post(url, {"role": "user", "content": "One more."}, format="json")
+    assert response.status_code == 201
+    assert response.json()["compaction"]["reason"] == "summarizer_error"
+    assert "fake server" not in response.content.decode()

@@ -229,4 +229,4 @@ def test_an_id_only_in_its_canonical_form(api, conversation, spelling):
     assert api.get(reverse("ctxsum:conversation-detail", kwargs={"pk": pk})).status_code == 200
     response = api.get(reverse("ctxsum:conversation-detail", kwargs={"pk": other}))
     assert response.status_code == 404
-    assert response.json() == {"detail": "No such conversation."}
+    assert response.json() == {"detail": "No such conversation.", "code": "not_found"}

@@ -429,7 +429,7 @@ def append_until_deleted(user: Any, pk: Any, via: str, first: threading.Event) -
             response = client.post(f"/api/conversations/{pk}/messages/", message, format="json")
             answers.append(str(response.status_code))
             if response.status_code == 404:
-                assert response.json() == {"detail": "No such conversation."}
+                assert response.json() == {"detail": "No such conversation.", "code": "not_found"}
         else:
             try:
                 message_append(conversation=mine, messages=[message])
@@ -493,7 +493,7 @@ def test_a_delete_during_a_held_compaction(user, fake, api, via):
     else:
         response = worker.outcome()
         assert response.status_code == 404
-        assert response.json() == {"detail": "No such conversation."}
+        assert response.json() == {"detail": "No such conversation.", "code": "not_found"}
     assert rows_left(pk) == NOTHING_LEFT
 
 

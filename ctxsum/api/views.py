@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import connections, transaction
 from django.db.models import QuerySet
+from django.http import Http404
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
@@ -19,6 +21,7 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
 from ctxsum import selectors, services
+from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.serializers import (
     POLICY_KEYS,
     AppendOutputSerializer,
@@ -39,9 +42,14 @@ from ctxsum.models import Conversation
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import failure_reason
 
+logger = logging.getLogger("ctxsum.api")
+
 CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 CONVERSATION_NOT_FOUND = _("No such conversation.")
 BODY_TOO_LARGE = _("The request body is {size} bytes; the limit is {limit} bytes.")
+SUMMARY_CUT_OFF = _(
+    "The summary was cut off at SUMMARY_MAX_TOKENS, so it was not stored; nothing was changed."
+)
 TOO_DEEP = _("The JSON is nested too deeply.")
 
 
@@ -56,9 +64,26 @@ class SummarizerFailed(exceptions.APIException):
     default_detail = _("The summarizer failed; nothing was changed.")
     default_code = "summarizer_error"
 
-    def __init__(self, detail: str, *, reason: Reason) -> None:
-        super().__init__(detail)
+    def __init__(self, *, reason: Reason) -> None:
+        super().__init__(SUMMARY_CUT_OFF if reason == Reason.SUMMARY_TRUNCATED else None)
         self.reason = reason
+
+
+def _api_exception(exc: Exception) -> Exception:
+    """Domain errors as the HTTP errors they mean."""
+    if isinstance(exc, TooLarge | RequestDataTooBig):
+        return PayloadTooLarge(str(exc))
+    if isinstance(exc, RecursionError):
+        # JSON nested deeper than Python's parser or encoder can follow: bad input.
+        return exceptions.ParseError(TOO_DEEP)
+    if isinstance(exc, Conversation.DoesNotExist):
+        # Deleted by another request between the lookup and the service's locked re-read.
+        return exceptions.NotFound(CONVERSATION_NOT_FOUND)
+    if isinstance(exc, DjangoValidationError):
+        return exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        )
+    return exc
 
 
 class Pagination(PageNumberPagination):
@@ -92,21 +117,22 @@ class CtxsumView(GenericAPIView):
             raise PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
 
     def handle_exception(self, exc: Exception) -> Response:
-        if isinstance(exc, TooLarge | RequestDataTooBig):
-            exc = PayloadTooLarge(str(exc))
-        elif isinstance(exc, RecursionError):
-            # JSON nested deeper than Python's parser or encoder can follow: bad input.
-            exc = exceptions.ParseError(TOO_DEEP)
-        elif isinstance(exc, Conversation.DoesNotExist):
-            # Deleted by another request between the lookup and the service's locked re-read.
-            exc = exceptions.NotFound(CONVERSATION_NOT_FOUND)
-        elif isinstance(exc, DjangoValidationError):
-            exc = exceptions.ValidationError(
-                exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        exc = _api_exception(exc)
+        if not isinstance(exc, exceptions.APIException | Http404 | PermissionDenied):
+            logger.error(
+                "Unexpected error answering %s %s",
+                self.request.method,
+                self.request.path,
+                exc_info=exc,
             )
+            exc = ServerError()
         response = super().handle_exception(exc)
-        if isinstance(exc, PayloadTooLarge | SummarizerFailed):
-            response.data = {"detail": str(exc.detail), "code": exc.default_code}
+        if isinstance(exc, exceptions.ValidationError) or not isinstance(response.data, dict):
+            return response
+        # Every other error: its detail and a stable code.
+        detail = response.data.get("detail", "")
+        code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
+        response.data = {**response.data, **error_body(detail, code)}
         if isinstance(exc, SummarizerFailed):
             # summarizer_error, or summary_truncated for an answer cut off at its limit.
             response.data["reason"] = str(exc.reason)
@@ -244,9 +270,8 @@ class ConversationCompact(CtxsumView):
                 conversation=conversation, **serializer.validated_data
             )
         except SummarizerError as error:
-            raise SummarizerFailed(
-                f"{SummarizerFailed.default_detail} {error}", reason=failure_reason(error)
-            ) from error
+            # The provider's own words are in the attempt record and the log, not here.
+            raise SummarizerFailed(reason=failure_reason(error)) from error
         return Response(CompactionOutputSerializer(result).data)
 
 

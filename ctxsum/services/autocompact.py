@@ -23,6 +23,8 @@ from ctxsum.services.transactions import write_db
 logger = logging.getLogger("ctxsum.compaction")
 
 DELETED = _("The conversation was deleted.")
+# The provider's own words go to the attempt record and the log, not to the client.
+SUMMARIZER_FAILED = _("The summarizer failed; the compaction attempt records why.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +59,8 @@ def _autocompact(conversation: Conversation) -> AutoCompaction:
     try:
         result = conversation_compact(conversation=conversation)
     except SummarizerError as error:
-        return AutoCompaction(compacted=False, reason=failure_reason(error), detail=str(error))
+        reason = failure_reason(error)
+        return AutoCompaction(compacted=False, reason=reason, detail=str(SUMMARIZER_FAILED))
     except Conversation.DoesNotExist:
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
     except Exception as error:
