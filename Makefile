@@ -1,7 +1,8 @@
 # Development tasks of ctxsum and its example project. `make run` serves the demo,
-# `make test` runs the test suite (SQLite; set DATABASE_URL for PostgreSQL).
+# `make test` runs the test suite (SQLite; set DATABASE_URL for PostgreSQL), `make lint`
+# ruff and mypy, `make package-check` a real install of the package into a new project.
 
-.PHONY: venv run test lint check bench
+.PHONY: venv run test lint check bench package-check
 
 PYTHON ?= python3
 VENV := .venv
@@ -35,8 +36,14 @@ run: venv
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# mypy checks what [tool.mypy] names in pyproject.toml: ctxsum and the example project.
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# A real (not editable) install of the package into a new project, in a temporary folder.
+package-check:
+	bash .ci/package-check
 
 check: venv
 	$(BIN)/python manage.py check

@@ -79,7 +79,7 @@ def _number_errors() -> list[CheckMessage]:
                     id="ctxsum.E005",
                 )
             )
-    ratio = ctxsum_settings.TARGET_RATIO
+    ratio: object = ctxsum_settings.TARGET_RATIO  # as given, maybe not a number
     if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 1:
         errors.append(
             Error(
@@ -137,7 +137,7 @@ def _summarizer_errors() -> list[CheckMessage]:
     from ctxsum.summarizers import Summarizer, get_summarizer
 
     try:
-        backend_class = ctxsum_settings.SUMMARIZER
+        backend_class: object = ctxsum_settings.SUMMARIZER  # as given, maybe not a class
     except ImportError as error:
         return [
             Error(

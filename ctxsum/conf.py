@@ -6,11 +6,14 @@ reloads on ``setting_changed``, so ``override_settings(CTXSUM=...)`` works in te
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
+
+if TYPE_CHECKING:
+    from ctxsum.summarizers.base import Summarizer
 
 DEFAULT_PROMPT = """\
 You compress the history of a conversation between a user and an AI assistant so that the \
@@ -81,7 +84,31 @@ IMPORT_STRINGS = ("SUMMARIZER",)
 
 
 class CtxsumSettings:
-    """Attribute access to the ``CTXSUM`` dict with defaults; unknown keys raise."""
+    """Attribute access to the ``CTXSUM`` dict with defaults; unknown keys raise.
+
+    The annotations give the type of a valid value; checks.py reports the invalid ones.
+    """
+
+    TRIGGER: dict[str, int]
+    KEEP: dict[str, int]
+    TARGET_RATIO: float
+    MAX_CONTEXT_TOKENS: int | None
+    DEFAULT_MODEL: str
+    ENCODING: str | None
+    SUMMARIZER: type[Summarizer]
+    SUMMARIZER_OPTIONS: dict[str, Any]
+    SUMMARY_MODEL: str
+    SUMMARY_TIMEOUT: float
+    SUMMARY_MAX_TOKENS: int
+    SUMMARY_INPUT_BUDGET: int
+    PROMPT: str
+    PROMPT_VERSION: str
+    SUMMARY_PREFIX: str
+    AUTO_COMPACT: bool
+    LEASE_SECONDS: float | None
+    MAX_MESSAGE_BYTES: int
+    MAX_BATCH_MESSAGES: int
+    MAX_BODY_BYTES: int
 
     def __init__(self) -> None:
         self._cached: dict[str, Any] = {}

@@ -17,10 +17,13 @@ Encodings are loaded once per process and shared by every thread.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ctxsum.conf import ctxsum_settings
+
+if TYPE_CHECKING:
+    from tiktoken import Encoding
 
 MESSAGE_OVERHEAD = 3
 NAME_OVERHEAD = 1
@@ -34,7 +37,7 @@ FALLBACK_ENCODING = "o200k_base"
 
 
 @functools.cache
-def get_encoding(name: str) -> Any:
+def get_encoding(name: str) -> Encoding:
     import tiktoken
 
     return tiktoken.get_encoding(name)
@@ -50,7 +53,7 @@ def encoding_name_for_model(model: str) -> str:
         return FALLBACK_ENCODING
 
 
-def encoding_for(model: str | None = None) -> Any:
+def encoding_for(model: str | None = None) -> Encoding:
     """The encoding for ``model``: the ``ENCODING`` setting if set, else tiktoken's choice
     for the model, else o200k_base."""
     name = ctxsum_settings.ENCODING or encoding_name_for_model(
@@ -63,7 +66,7 @@ def count_text(text: str, *, model: str | None = None) -> int:
     return len(encoding_for(model).encode(text, disallowed_special=()))
 
 
-def _count_part(part: Mapping[str, Any], encode: Any) -> int:
+def _count_part(part: Mapping[str, Any], encode: Callable[[str], list[int]]) -> int:
     kind = part.get("type")
     if kind in ("text", "refusal"):
         return len(encode(part.get(kind) or ""))

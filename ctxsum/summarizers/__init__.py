@@ -42,7 +42,9 @@ def get_summarizer() -> Summarizer:
         if _cached is not None and _cached[0] == key:
             return _cached[1]
         backend, model, timeout, max_tokens, _ = key
-        summarizer = backend(model=model, timeout=timeout, max_tokens=max_tokens, options=options)
+        summarizer: Summarizer = backend(
+            model=model, timeout=timeout, max_tokens=max_tokens, options=options
+        )
         # A deep copy, so a caller mutating the settings dict later cannot fake a match.
         _cached = ((*key[:4], copy.deepcopy(options)), summarizer)
         return summarizer

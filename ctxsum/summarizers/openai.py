@@ -66,17 +66,9 @@ class OpenAISummarizer(Summarizer):
     requires_network: ClassVar[bool] = True
     deterministic: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        timeout: float,
-        max_tokens: int,
-        options: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(model=model, timeout=timeout, max_tokens=max_tokens, options=options)
-        self._client: openai.OpenAI | None = None
-        self._client_lock = threading.Lock()
+    _client: openai.OpenAI | None = None
+    # Held only while an instance creates its client, so one lock serves every instance.
+    _client_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @property
     def client(self) -> openai.OpenAI:

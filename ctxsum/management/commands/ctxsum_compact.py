@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -24,6 +24,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         ids = options["conversations"]
+        conversations: Iterable[Conversation]
         if bool(ids) == options["all"]:
             raise CommandError("Name conversation ids or give --all (not both).")
         if ids:
@@ -39,6 +40,9 @@ class Command(BaseCommand):
             conversations = Conversation.objects.order_by("created_at").iterator()
             total = Conversation.objects.count()
 
+        # At verbosity 1 with --all, a counter on a terminal, redrawn in place, stands in for
+        # the line a conversation that -v 2 prints.
+        progress = options["verbosity"] == 1 and not ids and self.stderr.isatty()
         counts: dict[str, int] = {}
         for done, conversation in enumerate(conversations, start=1):
             try:
@@ -56,10 +60,11 @@ class Command(BaseCommand):
             counts[reason] = counts.get(reason, 0) + 1
             if options["verbosity"] > 1 or ids:
                 self.stdout.write(line)
-            elif options["verbosity"] > 0 and sys.stderr.isatty():
-                sys.stderr.write(f"\r{done}/{total} conversations")
-        if options["verbosity"] > 0 and sys.stderr.isatty() and not ids:
-            sys.stderr.write("\n")
+            elif progress:
+                self.stderr.write(f"\r{done}/{total} conversations", style_func=str, ending="")
+                self.stderr.flush()
+        if progress:
+            self.stderr.write("", style_func=str)
         summary = ", ".join(f"{reason} {count}" for reason, count in sorted(counts.items()))
         self.stdout.write(f"{total} conversation(s): {summary or 'nothing to do'}")
         if counts.get("failed"):

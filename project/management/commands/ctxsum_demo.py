@@ -109,7 +109,7 @@ class Command(BaseCommand):
 
         token, created = Token.objects.get_or_create(user=user)
         self.stdout.write(f"  API token: {token.key}{'' if created else ' (existing)'}")
-        return token.key
+        return str(token.key)
 
     def _sample(self, user: Any, path: Path) -> Conversation | None:
         if not path.is_file():
