@@ -45,15 +45,10 @@ def other_api(other_user):
 @pytest.fixture
 def openai_server(monkeypatch):
     """A running OpenAI-compatible server on 127.0.0.1 (see tests/openai_server.py)."""
-    from tests.openai_server import FakeOpenAI
+    from tests.openai_server import running_fake_openai
 
-    # A proxy from the environment must not capture requests to the local server.
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    server = FakeOpenAI()
-    try:
+    with running_fake_openai(monkeypatch) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

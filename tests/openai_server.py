@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -169,13 +170,13 @@ class FakeOpenAI:
         return 200, "application/json", _json(completion)
 
 
-def fake_openai_fixture() -> Iterator[FakeOpenAI]:
-    """A started ``FakeOpenAI``, closed afterwards; register with ``pytest.fixture``."""
-    server = FakeOpenAI()
-    try:
+@contextmanager
+def running_fake_openai(monkeypatch: Any, **options: Any) -> Iterator[FakeOpenAI]:
+    """A started ``FakeOpenAI(**options)``, closed afterwards, that no proxy from the
+    environment captures (``monkeypatch`` sets ``NO_PROXY``)."""
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    with FakeOpenAI(**options) as server:
         yield server
-    finally:
-        server.close()
 
 
 class _Server(ThreadingHTTPServer):

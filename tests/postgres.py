@@ -14,7 +14,7 @@ from django.db import connection
 
 from ctxsum.models import CompactionAttempt, Conversation
 from ctxsum.services.compaction import conversation_compact
-from tests.openai_server import FakeOpenAI
+from tests.openai_server import FakeOpenAI, running_fake_openai
 
 POSTGRES = [
     pytest.mark.postgres,
@@ -32,20 +32,15 @@ def held_openai(
 ) -> Iterator[FakeOpenAI]:
     """CTXSUM pointed, through the real openai backend, at a server in "hold" mode; for a
     fixture to ``yield from``."""
-    # A proxy from the environment must not capture requests to the local server.
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    server = FakeOpenAI(mode="hold", delay=SAFETY_NET)
-    settings.CTXSUM = {
-        **getattr(settings, "CTXSUM", {}),
-        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
-        "SUMMARIZER_OPTIONS": {"base_url": server.base_url, "api_key": "test"},
-        "SUMMARY_TIMEOUT": timeout,
-        "LEASE_SECONDS": lease_seconds,
-    }
-    try:
+    with running_fake_openai(monkeypatch, mode="hold", delay=SAFETY_NET) as server:
+        settings.CTXSUM = {
+            **getattr(settings, "CTXSUM", {}),
+            "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
+            "SUMMARIZER_OPTIONS": {"base_url": server.base_url, "api_key": "test"},
+            "SUMMARY_TIMEOUT": timeout,
+            "LEASE_SECONDS": lease_seconds,
+        }
         yield server
-    finally:
-        server.close()
 
 
 class Worker(threading.Thread):
@@ -91,6 +86,14 @@ def compact_in_thread(conversation: Conversation, **kwargs: Any) -> Worker:
     return start(
         lambda: conversation_compact(conversation=Conversation.objects.get(pk=pk), **kwargs)
     )
+
+
+def compact_held(conversation: Conversation, fake: FakeOpenAI, **kwargs: Any) -> Worker:
+    """Compact ``conversation`` in a worker and return once its summarizer call is in
+    flight, held by ``fake`` (in "hold" mode) until ``fake.release()``."""
+    worker = compact_in_thread(conversation, **kwargs)
+    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    return worker
 
 
 def backend_pid() -> int:

@@ -3,7 +3,6 @@ once, and the data folder imported through ctxsum_import, however often it runs.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from io import StringIO
@@ -17,6 +16,8 @@ from rest_framework.test import APIClient
 
 from ctxsum.models import Conversation
 from ctxsum.selectors import transcript_list
+from tests.factories import assistant_message, user_message, write_jsonl
+from tests.support.urls import api_url
 
 SAMPLE = Path(settings.BASE_DIR) / "project" / "sample_conversation.json"
 
@@ -45,7 +46,7 @@ def test_demo_sets_up_a_user_whose_password_and_token_work(tmp_path, django_user
     demo = django_user_model.objects.get(username="demo")
     assert demo.is_staff
     assert authenticate(username="demo", password=password) == demo
-    response = token_client(token).get("/api/conversations/")
+    response = token_client(token).get(api_url("conversation-list"))
     assert response.status_code == 200, response.content
     (listed,) = response.json()["results"]
     assert listed["title"] == "Lisbon trip: rebooking a cancelled flight"
@@ -55,6 +56,7 @@ def test_demo_sets_up_a_user_whose_password_and_token_work(tmp_path, django_user
     assert transcript == sample["messages"]
     assert len(transcript) == 16
     assert f"export TOKEN={token}" in output
+    # Text the command prints for a person to paste, not a request: the literal URL stays.
     assert 'curl -H "Authorization: Token $TOKEN" http://127.0.0.1:8000/api/conversations/' in (
         output
     )
@@ -84,13 +86,9 @@ def test_demo_imports_the_data_folder_once(tmp_path):
         "license": "MIT",
         "valid": True,
         "meta": {},
-        "messages": [
-            {"role": "user", "content": "Hello"},
-            {"role": "assistant", "content": "Hi! How can I help?"},
-        ],
+        "messages": [user_message("Hello"), assistant_message("Hi! How can I help?")],
     }
-    with gzip.open(tmp_path / "chats.jsonl.gz", "wt", encoding="utf-8") as handle:
-        handle.write(json.dumps(conversation) + "\n")
+    write_jsonl(tmp_path / "chats.jsonl.gz", [conversation])
 
     output, _, _ = run_demo(tmp_path, username="operator")
     again, _, _ = run_demo(tmp_path, username="operator")

@@ -6,9 +6,10 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 
-from ctxsum import services
 from ctxsum.models import Conversation, Summary
+from tests.factories import conversation_with_turns
 
 pytestmark = pytest.mark.django_db
 
@@ -20,15 +21,7 @@ def _short_summaries(settings):
 
 
 def _conversation(owner, count, **policy):
-    conversation = services.conversation_create(owner=owner, system="Sys", **policy)
-    services.message_append(
-        conversation=conversation,
-        messages=[
-            {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
-            for i in range(count)
-        ],
-    )
-    return conversation
+    return conversation_with_turns(owner, count, system="Sys", **policy)
 
 
 def _run(*args):
@@ -95,14 +88,14 @@ def test_admin_pages_and_compact_action(admin_client, user):
     conversation = _conversation(user, 12, trigger={"messages": 10}, keep={"messages": 4})
 
     for url in (
-        "/admin/ctxsum/conversation/",
-        f"/admin/ctxsum/conversation/{conversation.pk}/change/",
-        "/admin/ctxsum/message/",
+        reverse("admin:ctxsum_conversation_changelist"),
+        reverse("admin:ctxsum_conversation_change", args=[conversation.pk]),
+        reverse("admin:ctxsum_message_changelist"),
     ):
         assert admin_client.get(url).status_code == 200
 
     response = admin_client.post(
-        "/admin/ctxsum/conversation/",
+        reverse("admin:ctxsum_conversation_changelist"),
         {"action": "compact_now", "_selected_action": [str(conversation.pk)]},
         follow=True,
     )
@@ -110,6 +103,9 @@ def test_admin_pages_and_compact_action(admin_client, user):
     assert response.status_code == 200
     summary = Summary.objects.get(conversation=conversation)
     assert "compacted" in response.content.decode()
-    for url in ("/admin/ctxsum/summary/", f"/admin/ctxsum/summary/{summary.pk}/change/"):
+    for url in (
+        reverse("admin:ctxsum_summary_changelist"),
+        reverse("admin:ctxsum_summary_change", args=[summary.pk]),
+        reverse("admin:ctxsum_compactionattempt_changelist"),
+    ):
         assert admin_client.get(url).status_code == 200
-    assert admin_client.get("/admin/ctxsum/compactionattempt/").status_code == 200

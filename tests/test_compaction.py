@@ -1,5 +1,6 @@
 """Compaction through the service layer: results, incremental versions, reasons, leases,
-conflicts and failures leave exactly what they should."""
+conflicts and failures leave exactly what they should; the shipped real conversations
+compact keeping the invariants."""
 
 from __future__ import annotations
 
@@ -19,23 +20,27 @@ from ctxsum.services.leases import lease_seconds
 from ctxsum.services.summaries import prompt_sha256
 from ctxsum.tokens import context_tokens, count_message
 from tests.backends import HookSummarizer
+from tests.factories import (
+    OFFLINE_SUMMARIZER,
+    assistant_calls,
+    assistant_message,
+    real_conversations,
+    system_message,
+    tool_result,
+    turns,
+    user_message,
+)
+from tests.invariants import assert_context_invariants
 
 pytestmark = pytest.mark.django_db
 
 TRAVEL = [
-    ("user", "I need a flight to Delhi."),
-    ("assistant", "What date?"),
-    ("user", "October 20."),
-    ("assistant", "Morning or evening?"),
-    ("user", "Morning."),
+    user_message("I need a flight to Delhi."),
+    assistant_message("What date?"),
+    user_message("October 20."),
+    assistant_message("Morning or evening?"),
+    user_message("Morning."),
 ]
-
-
-def _turns(conversation, pairs):
-    for role, text in pairs:
-        services.message_append(
-            conversation=conversation, messages=[{"role": role, "content": text}]
-        )
 
 
 def _snapshot(conversation):
@@ -76,11 +81,9 @@ def travel_policy_user(user, hook_summarizer):
 
 @pytest.fixture
 def travel(user, hook_summarizer):
-    conversation = services.conversation_create(
-        owner=user, system="You are a travel assistant.", **TRAVEL_POLICY
+    return services.conversation_create(
+        owner=user, system="You are a travel assistant.", messages=TRAVEL, **TRAVEL_POLICY
     )
-    _turns(conversation, TRAVEL)
-    return conversation
 
 
 def test_travel_example_keeps_system_summary_and_last_two(travel):
@@ -88,13 +91,10 @@ def test_travel_example_keeps_system_summary_and_last_two(travel):
 
     assert result.compacted and result.reason == Reason.COMPACTED
     messages = result.context.messages
-    assert messages[0] == {"role": "system", "content": "You are a travel assistant."}
+    assert messages[0] == system_message("You are a travel assistant.")
     assert messages[1]["role"] == "user"
     assert messages[1]["content"].startswith(ctxsum_settings.SUMMARY_PREFIX)
-    assert messages[2:] == [
-        {"role": "assistant", "content": "Morning or evening?"},
-        {"role": "user", "content": "Morning."},
-    ]
+    assert messages[2:] == [assistant_message("Morning or evening?"), user_message("Morning.")]
     summary = result.summary
     assert (summary.version, summary.from_seq, summary.to_seq) == (1, 1, 3)
     assert summary.prompt_version == ctxsum_settings.PROMPT_VERSION
@@ -106,9 +106,8 @@ def test_travel_example_keeps_system_summary_and_last_two(travel):
 
 def test_below_trigger_changes_nothing_and_records_nothing(user):
     conversation = services.conversation_create(
-        owner=user, trigger={"messages": 5}, keep={"messages": 2}
+        owner=user, trigger={"messages": 5}, keep={"messages": 2}, messages=TRAVEL[:4]
     )
-    _turns(conversation, TRAVEL[:4])
     before = _snapshot(conversation)
 
     result = conversation_compact(conversation=conversation)
@@ -121,7 +120,10 @@ def test_below_trigger_changes_nothing_and_records_nothing(user):
 def test_second_compaction_is_incremental(travel, hook_summarizer):
     first = conversation_compact(conversation=travel).summary
     hook_summarizer.calls.clear()
-    _turns(travel, [("assistant", "The 7:05 flight, AI-865."), ("user", "Book it.")])
+    services.message_append(
+        conversation=travel,
+        messages=[assistant_message("The 7:05 flight, AI-865."), user_message("Book it.")],
+    )
     # 1 system + 1 summary + 4 messages reach the trigger of 5 again.
     second = conversation_compact(conversation=travel)
 
@@ -157,8 +159,9 @@ def test_dry_run_plans_without_writing_or_calling(travel, hook_summarizer):
 
 
 def test_nothing_to_summarize_when_forced_on_a_short_conversation(user):
-    conversation = services.conversation_create(owner=user, system="Sys", keep={"messages": 2})
-    _turns(conversation, TRAVEL[:2])
+    conversation = services.conversation_create(
+        owner=user, system="Sys", keep={"messages": 2}, messages=TRAVEL[:2]
+    )
 
     result = conversation_compact(conversation=conversation, force=True)
 
@@ -171,16 +174,19 @@ def test_newest_message_over_the_trigger_compacts_as_far_as_it_can_then_stops(
     user, hook_summarizer
 ):
     conversation = services.conversation_create(
-        owner=user, trigger={"tokens": 200}, keep={"tokens": 150}
+        owner=user,
+        trigger={"tokens": 200},
+        keep={"tokens": 150},
+        messages=[user_message("alpha " * 60), assistant_message("beta " * 60)],
     )
-    _turns(conversation, [("user", "alpha " * 60), ("assistant", "beta " * 60)])
-    _turns(conversation, [("user", "word " * 300)])  # the newest alone is over the trigger
+    # The newest alone is over the trigger.
+    services.message_append(conversation=conversation, messages=[user_message("word " * 300)])
 
     first = conversation_compact(conversation=conversation)
 
     assert (first.compacted, first.over_trigger) == (True, True)
     assert [row.seq for row in first.archived] == [0, 1]
-    assert first.context.messages[1] == {"role": "user", "content": "word " * 300}
+    assert first.context.messages[1] == user_message("word " * 300)
     assert first.attempt.tokens_after == first.context.token_count > 200
     # No loop: what is left is the newest message, which no compaction may archive.
     before = _snapshot(conversation)
@@ -197,8 +203,7 @@ def test_huge_context_compacts_below_its_trigger_keeping_fewer_than_keep(user, h
         owner=user, system="You are terse.", trigger={"tokens": 1000}, keep={"messages": 10}
     )
     text = " ".join(["lorem ipsum dolor sit amet consectetur adipiscing elit sed do"] * 10)
-    batch = [{"role": ("user", "assistant")[index % 2], "content": text} for index in range(130)]
-    services.message_append(conversation=conversation, messages=batch)
+    services.message_append(conversation=conversation, messages=turns(130, text))
     before = selectors.context_get(conversation=conversation).token_count
     assert before > 13_000
 
@@ -240,15 +245,13 @@ def test_stale_lease_is_taken_over(travel, hook_summarizer):
 
 def test_append_during_the_llm_call_survives_and_stays_active(travel, hook_summarizer):
     def append_meanwhile():
-        services.message_append(
-            conversation=travel, messages=[{"role": "assistant", "content": "Window seat?"}]
-        )
+        services.message_append(conversation=travel, messages=[assistant_message("Window seat?")])
 
     hook_summarizer.during = append_meanwhile
     result = conversation_compact(conversation=travel)
 
     assert result.compacted
-    assert result.context.messages[-1] == {"role": "assistant", "content": "Window seat?"}
+    assert result.context.messages[-1] == assistant_message("Window seat?")
     late = Message.objects.get(conversation=travel, seq=6)
     assert late.summary_id is None
     travel.refresh_from_db()
@@ -296,18 +299,18 @@ def test_a_range_changed_by_another_writer_rolls_the_whole_commit_back(travel, h
 
 
 def test_a_result_for_a_request_being_archived_is_a_conflict(user, hook_summarizer):
-    call = {"id": "call_x", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    request = assistant_calls("call_x", name="f")
     conversation = services.conversation_create(
         owner=user,
         trigger={"messages": 5},
         keep={"messages": 2},
         messages=[
-            {"role": "user", "content": "Look it up, then tell me. " * 5},
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            *[{"role": "user", "content": f"Still waiting ({n})."} for n in range(3)],
+            user_message("Look it up, then tell me. " * 5),
+            request,
+            *[user_message(f"Still waiting ({n}).") for n in range(3)],
         ],
     )
-    late = {"role": "tool", "tool_call_id": "call_x", "content": "Found it."}
+    late = tool_result("call_x", "Found it.")
 
     def result_arrives():
         # Its request is still active: the append is accepted.
@@ -322,7 +325,7 @@ def test_a_result_for_a_request_being_archived_is_a_conflict(user, hook_summariz
     # The next compaction sees the result and keeps it with its request.
     again = conversation_compact(conversation=conversation)
     assert again.compacted and [row.seq for row in again.archived] == [0]
-    assert again.context.messages[1]["tool_calls"] == [call]
+    assert again.context.messages[1]["tool_calls"] == request["tool_calls"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -332,8 +335,7 @@ def test_message_append_from_python_auto_compacts(travel_policy_user, settings):
         owner=travel_policy_user, system="You are a travel assistant.", **TRAVEL_POLICY
     )
     appended = [
-        services.message_append(conversation=conversation, messages=[{"role": r, "content": t}])
-        for r, t in TRAVEL
+        services.message_append(conversation=conversation, messages=[message]) for message in TRAVEL
     ]
 
     # With the system message, the fourth append reaches the trigger, but a summary of two
@@ -351,7 +353,7 @@ def test_inside_a_callers_transaction_auto_compaction_waits_for_the_commit(
     settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         appended = services.message_append(
-            conversation=travel, messages=[{"role": "assistant", "content": "Window seat?"}]
+            conversation=travel, messages=[assistant_message("Window seat?")]
         )
         # The summarizer call must not run while this transaction holds the row lock.
         assert appended.compaction.reason == Reason.DEFERRED
@@ -411,7 +413,7 @@ def test_replaced_system_message_is_never_summarized(travel):
     result = conversation_compact(conversation=travel)
 
     assert result.compacted
-    assert result.context.messages[0] == {"role": "system", "content": "You are a rail assistant."}
+    assert result.context.messages[0] == system_message("You are a rail assistant.")
     leading = Message.objects.filter(conversation=travel, role="system")
     assert all(message.summary_id is None for message in leading)
 
@@ -425,8 +427,9 @@ def test_history_over_the_input_budget_is_summarized_in_chunks(user, settings, h
     conversation = services.conversation_create(
         owner=user, trigger={"messages": 20}, keep={"messages": 2}
     )
-    words = [f"fact-{index:03d} " + "detail " * 40 for index in range(30)]
-    _turns(conversation, [("user" if i % 2 == 0 else "assistant", w) for i, w in enumerate(words)])
+    services.message_append(
+        conversation=conversation, messages=turns(30, "fact-{i:03d} " + "detail " * 40)
+    )
 
     result = conversation_compact(conversation=conversation)
 
@@ -447,7 +450,7 @@ def test_compaction_queries_do_not_grow_with_the_archived_range(
     conversation = services.conversation_create(
         owner=user, system="Sys", trigger={"messages": 5}, keep={"messages": 2}
     )
-    batch = [{"role": "user", "content": f"message {index}"} for index in range(size)]
+    batch = [user_message(f"message {index}") for index in range(size)]
     services.message_append(conversation=conversation, messages=batch)
 
     with django_assert_num_queries(COMPACTION_QUERIES):
@@ -466,7 +469,7 @@ COMPACTION_QUERIES = 16
 @pytest.mark.django_db(transaction=True)
 def test_creating_with_messages_auto_compacts_too(travel_policy_user, settings):
     settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
-    long_turns = [{"role": r, "content": f"{t} " * 8} for r, t in TRAVEL]
+    long_turns = [{**message, "content": f"{message['content']} " * 8} for message in TRAVEL]
 
     conversation = services.conversation_create(
         owner=travel_policy_user, system="Sys", messages=long_turns, **TRAVEL_POLICY
@@ -474,3 +477,33 @@ def test_creating_with_messages_auto_compacts_too(travel_policy_user, settings):
 
     assert conversation.active_message_count == 3  # system, the last two
     assert Summary.objects.get(conversation=conversation).to_seq == 3
+
+
+REAL_CONVERSATIONS = real_conversations()
+
+
+@pytest.mark.parametrize(
+    "record", REAL_CONVERSATIONS, ids=[record["id"][:48] for record in REAL_CONVERSATIONS]
+)
+def test_real_conversations_compact_keeping_the_invariants(user, settings, record):
+    """The shipped real conversations (parallel tool calls, reused call ids, a call never
+    answered, plain chats) appended five messages at a time, each append followed by a
+    compaction that the offline summarizer writes: every step keeps the invariants, and
+    every conversation compacts at least once."""
+    settings.CTXSUM = {"SUMMARIZER": OFFLINE_SUMMARIZER}
+    conversation = services.conversation_create(
+        owner=user, trigger={"messages": 12}, keep={"messages": 4}
+    )
+    messages = record["messages"]
+    reasons = []
+    for end in range(5, len(messages) + 5, 5):
+        services.message_append(conversation=conversation, messages=messages[end - 5 : end])
+        reasons.append(conversation_compact(conversation=conversation).reason)
+        assert_context_invariants(conversation, original_messages=messages[:end])
+    assert Reason.COMPACTED in reasons, reasons
+    assert set(reasons) <= {
+        Reason.COMPACTED,
+        Reason.BELOW_TRIGGER,
+        Reason.NOTHING_TO_SUMMARIZE,
+        Reason.NO_GAIN,
+    }, reasons

@@ -26,46 +26,23 @@ from ctxsum.selectors import context_get, summary_message
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import conversation_create
 from ctxsum.services.messages import message_append
+from tests.factories import system_message, user_message, weather_history
 from tests.invariants import assert_context_invariants
 from tests.postgres import (
     POSTGRES,
     SAFETY_NET,
     Worker,
     attempts,
-    compact_in_thread,
+    compact_held,
     held_openai,
     wait_until,
 )
 
 pytestmark = POSTGRES
 LEASE_SECONDS = 30
-SYSTEM = {"role": "system", "content": "You are a travel agent."}
-HISTORY = [
-    {"role": "user", "content": "I need a flight to Delhi on October 20."},
-    {"role": "assistant", "content": "Morning or evening?"},
-    {"role": "user", "content": "Morning, window seat, budget 400 EUR."},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "search_flights", "arguments": '{"to": "DEL"}'},
-            },
-            {
-                "id": "call_2",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Delhi"}'},
-            },
-        ],
-    },
-    {"role": "tool", "content": "AI-101 at 07:10, 340 EUR.", "tool_call_id": "call_1"},
-    {"role": "tool", "content": "Delhi: 31 C, sunny.", "tool_call_id": "call_2"},
-    {"role": "assistant", "content": "AI-101 leaves at 07:10 for 340 EUR. Book it?"},
-    {"role": "user", "content": "Yes, book AI-101."},
-]
-ORIGINAL = [SYSTEM, *HISTORY]  # system + 8 messages: over a trigger of 6
+SYSTEM = system_message()
+HISTORY = weather_history()
+ORIGINAL = [SYSTEM, *HISTORY]  # system + 7 messages: over a trigger of 6
 
 
 @pytest.fixture
@@ -85,12 +62,10 @@ def conversation(user):
 
 
 def test_appends_do_not_wait_for_a_slow_summary(conversation, fake):
-    worker = compact_in_thread(conversation)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake)
 
     appended = [
-        {"role": "user", "content": f"While you summarize: note {index}, gate B{index}."}
-        for index in range(5)
+        user_message(f"While you summarize: note {index}, gate B{index}.") for index in range(5)
     ]
     started = time.monotonic()
     for message in appended:
@@ -201,14 +176,13 @@ def test_a_snapshot_changed_during_the_call_is_a_conflict(conversation, fake, fi
     ``taken_over``: the first worker finds its lease gone. ``given_back``: its lease is put
     back before it commits, so only the active-summary comparison can catch the change.
     """
-    first = compact_in_thread(conversation)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    first = compact_held(conversation, fake)
     conversation.refresh_from_db()
     first_token = conversation.lease_owner
     assert first_token, "the first worker holds no lease during its call"
     fake.mode = "ok"  # the next call answers at once; the first one stays held
 
-    meanwhile = {"role": "user", "content": "Also add travel insurance, policy TI-77."}
+    meanwhile = user_message("Also add travel insurance, policy TI-77.")
     message_append(conversation=conversation, messages=[meanwhile])
     stale = timezone.now() - timedelta(seconds=LEASE_SECONDS + 60)
     Conversation.objects.filter(pk=conversation.pk).update(leased_at=stale)

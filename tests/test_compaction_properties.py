@@ -37,10 +37,17 @@ from ctxsum.services.conversations import conversation_create, conversation_upda
 from ctxsum.services.messages import message_append
 from ctxsum.summarizers.offline import OfflineSummarizer
 from ctxsum.validation import TOOL_CALL_ID_ARCHIVED
+from tests.factories import (
+    OFFLINE_SUMMARIZER,
+    assistant_calls,
+    assistant_message,
+    tool_call,
+    tool_result,
+    user_message,
+)
 from tests.invariants import assert_context_invariants
-from tests.openai_server import FakeOpenAI
+from tests.openai_server import FakeOpenAI, running_fake_openai
 
-OFFLINE = "ctxsum.summarizers.offline.OfflineSummarizer"
 OPENAI = "ctxsum.summarizers.openai.OpenAISummarizer"
 # The default prompt with its length-budget line: a budget below it + 256 is refused.
 PROMPT_TOKENS = 213 + 15
@@ -79,29 +86,26 @@ def conversations(draw: st.DrawFn, min_turns: int = 1, max_turns: int = 12) -> l
     for _ in range(draw(st.integers(min_turns, max_turns))):
         kind = draw(st.sampled_from(["user", "user", "assistant", "tools", "tools", "note"]))
         if kind == "user":
-            messages.append({"role": "user", "content": draw(texts)})
+            messages.append(user_message(draw(texts)))
         elif kind == "assistant":
-            messages.append({"role": "assistant", "content": draw(texts)})
+            messages.append(assistant_message(draw(texts)))
         elif kind == "note":  # a system/developer message inside the history: summarizable
             role = draw(st.sampled_from(["system", "developer", "user"]))
             messages.append({"role": role, "content": draw(texts)})
         else:
             ids = draw(st.lists(st.sampled_from(CALL_IDS), min_size=1, max_size=5, unique=True))
             calls = [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {
-                        "name": draw(st.sampled_from(TOOLS)),
-                        "arguments": json.dumps({"q": draw(st.sampled_from(WORDS))}),
-                    },
-                }
+                tool_call(
+                    call_id,
+                    draw(st.sampled_from(TOOLS)),
+                    json.dumps({"q": draw(st.sampled_from(WORDS))}),
+                )
                 for call_id in ids
             ]
             content = draw(st.one_of(st.none(), texts))
             messages.append({"role": "assistant", "content": content, "tool_calls": calls})
             for call_id in draw(st.permutations(ids)):
-                messages.append({"role": "tool", "content": draw(texts), "tool_call_id": call_id})
+                messages.append(tool_result(call_id, draw(texts)))
     return messages
 
 
@@ -166,7 +170,7 @@ def interleaved(draw: st.DrawFn, call_ids: list[str]) -> list[dict[str, Any]]:
     for _ in range(draw(st.integers(0, 3))):
         if call_ids and draw(st.booleans()):
             call_id = draw(st.sampled_from(call_ids))
-            messages.append({"role": "tool", "content": draw(texts), "tool_call_id": call_id})
+            messages.append(tool_result(call_id, draw(texts)))
         else:
             role = draw(st.sampled_from(["user", "assistant"]))
             messages.append({"role": role, "content": draw(texts)})
@@ -370,13 +374,8 @@ FAILURES = (
 
 @pytest.fixture(scope="module")
 def failing_server():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        server = FakeOpenAI()
-        try:
-            yield server
-        finally:
-            server.close()
+    with pytest.MonkeyPatch.context() as patch, running_fake_openai(patch) as server:
+        yield server
 
 
 def _closed_port() -> int:
@@ -416,7 +415,7 @@ def test_a_failing_summarizer_changes_nothing(failing_server, failure, messages,
     trigger, keep, _ = policy
     # Some history first, compacted by the offline summarizer so a summary may exist.
     head = max(1, int(len(messages) * split))
-    with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE)):
+    with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE_SUMMARIZER)):
         conversation = _new_conversation(trigger, keep)
         message_append(conversation=conversation, messages=messages[:head])
         conversation_compact(conversation=conversation, force=True)
@@ -464,15 +463,14 @@ def test_a_late_result_for_an_archived_request_never_orphans_the_context():
     """A user message between a tool request and its result lets a compaction archive the
     request (the newest message, the user's, is what is kept). The late result must then be
     refused: the context keeps no tool result without its request."""
-    call = {"id": "c1", "type": "function", "function": {"name": "book", "arguments": "{}"}}
     messages = [
-        {"role": "user", "content": "Book the 07:10 flight to Delhi, window seat, 340 EUR."},
-        {"role": "assistant", "content": None, "tool_calls": [call]},
-        {"role": "user", "content": "Hurry up, please."},
-        {"role": "user", "content": "Are you there?"},
+        user_message("Book the 07:10 flight to Delhi, window seat, 340 EUR."),
+        assistant_calls("c1", name="book"),
+        user_message("Hurry up, please."),
+        user_message("Are you there?"),
     ]
-    late = {"role": "tool", "content": "Booked AI-101.", "tool_call_id": "c1"}
-    with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE)):
+    late = tool_result("c1", "Booked AI-101.")
+    with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE_SUMMARIZER)):
         conversation = _new_conversation({"messages": 4}, {"messages": 1})
         message_append(conversation=conversation, messages=messages)
         result = conversation_compact(conversation=conversation)

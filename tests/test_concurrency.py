@@ -12,6 +12,7 @@ from django.db.models import Count, Sum
 
 from ctxsum.models import Conversation, Message
 from ctxsum.services import conversation_create, message_append
+from tests.factories import assistant_calls, tool_result, user_message
 
 pytestmark = [
     pytest.mark.postgres,
@@ -80,7 +81,7 @@ def test_concurrent_single_appends(user) -> None:
         for number in range(per_thread):
             message_append(
                 conversation=mine,
-                messages=[{"role": "user", "content": f"msg:{index}:{number}:" + "x" * number}],
+                messages=[user_message(f"msg:{index}:{number}:" + "x" * number)],
             )
 
     run_together(work)
@@ -107,7 +108,7 @@ def test_concurrent_batches_interleave_as_whole_batches(user) -> None:
             rows = message_append(
                 conversation=mine,
                 messages=[
-                    {"role": "user", "content": f"msg:{index}:{batch * batch_size + n}:"}
+                    user_message(f"msg:{index}:{batch * batch_size + n}:")
                     for n in range(batch_size)
                 ],
             ).messages
@@ -145,26 +146,8 @@ def test_concurrent_tool_calls_and_results(user) -> None:
         mine = Conversation.objects.get(pk=conversation.pk)
         for number in range(rounds):
             call_id = f"call_{index}_{number}"
-            message_append(
-                conversation=mine,
-                messages=[
-                    {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {
-                                "id": call_id,
-                                "type": "function",
-                                "function": {"name": "f", "arguments": "{}"},
-                            }
-                        ],
-                    }
-                ],
-            )
-            message_append(
-                conversation=mine,
-                messages=[{"role": "tool", "tool_call_id": call_id, "content": "ok"}],
-            )
+            message_append(conversation=mine, messages=[assistant_calls(call_id, name="f")])
+            message_append(conversation=mine, messages=[tool_result(call_id, "ok")])
 
     run_together(work)
     rows = assert_counters_match_rows(conversation)

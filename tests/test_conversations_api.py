@@ -7,16 +7,26 @@ from datetime import datetime
 
 import pytest
 from django.test import override_settings
-from django.urls import reverse
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, ToolCall
 from ctxsum.services import conversation_create, message_append
+from tests.factories import (
+    assistant_calls,
+    assistant_message,
+    compact,
+    compacted_conversation,
+    long_user_message,
+    system_message,
+    tool_result,
+    user_message,
+)
+from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
 
-LIST_URL = reverse("ctxsum:conversation-list")
+LIST_URL = api_url("conversation-list")
 STATS_KEYS = {
     "message_count",
     "active_message_count",
@@ -27,36 +37,8 @@ STATS_KEYS = {
     "tokens_saved",
 }
 STORED_KEYS = {"seq", "token_count", "archived", "summary_version", "created_at"}
-
-
-def detail_url(pk) -> str:
-    return reverse("ctxsum:conversation-detail", kwargs={"pk": pk})
-
-
-def messages_url(pk) -> str:
-    return reverse("ctxsum:message-list", kwargs={"pk": pk})
-
-
-def context_url(pk) -> str:
-    return reverse("ctxsum:context", kwargs={"pk": pk})
-
-
-def user_msg(text: str) -> dict:
-    return {"role": "user", "content": text}
-
-
-def assistant_msg(text: str) -> dict:
-    return {"role": "assistant", "content": text}
-
-
-CALL = {
-    "role": "assistant",
-    "content": None,
-    "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
-    ],
-}
-RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "done"}
+CALL = assistant_calls("call_1", name="f", arguments='{"a":1}')
+RESULT = tool_result("call_1", "done")
 
 
 def openai_tokens(messages: list[dict], model: str = "gpt-4o") -> int:
@@ -67,7 +49,7 @@ def openai_tokens(messages: list[dict], model: str = "gpt-4o") -> int:
 
 
 def test_create_with_everything(api, user) -> None:
-    messages = [user_msg("Plan a trip to Porto."), CALL, RESULT, assistant_msg("Done.")]
+    messages = [user_message("Plan a trip to Porto."), CALL, RESULT, assistant_message("Done.")]
     body = {
         "title": "Porto",
         "system": "You plan trips.",
@@ -89,7 +71,7 @@ def test_create_with_everything(api, user) -> None:
         "max_context_tokens": None,
     }
     assert data["summary"] is None
-    expected_context = [{"role": "system", "content": "You plan trips."}, *messages]
+    expected_context = [system_message("You plan trips."), *messages]
     expected_tokens = openai_tokens(expected_context, model="gpt-4")
     assert data["stats"] == {
         "message_count": 5,
@@ -110,7 +92,7 @@ def test_create_with_everything(api, user) -> None:
     assert rows[0].is_leading and not any(row.is_leading for row in rows[1:])
     assert [row.as_openai() for row in rows] == expected_context
     assert ToolCall.objects.filter(conversation=conversation, call_id="call_1").count() == 1
-    context = api.get(context_url(data["id"])).json()
+    context = api.get(api_url("context", data["id"])).json()
     assert context["messages"] == expected_context
     assert context["token_count"] == expected_tokens
 
@@ -127,7 +109,7 @@ def test_create_empty(api) -> None:
         "max_context_tokens": ctxsum_settings.MAX_CONTEXT_TOKENS,
     }
     assert data["stats"]["message_count"] == 0
-    context = api.get(context_url(data["id"])).json()
+    context = api.get(api_url("context", data["id"])).json()
     assert context["messages"] == [] and context["token_count"] == tokens.REPLY_PRIMING
 
 
@@ -159,45 +141,37 @@ def test_list_order_is_stable_when_created_at_ties(api, user) -> None:
 
 def test_detail_with_stats(api, user) -> None:
     conversation = conversation_create(
-        owner=user, system="Sys.", messages=[user_msg("a"), assistant_msg("b")]
+        owner=user, system="Sys.", messages=[user_message("a"), assistant_message("b")]
     )
-    data = api.get(detail_url(conversation.pk)).json()
+    data = api.get(api_url("conversation-detail", conversation)).json()
     assert data["id"] == str(conversation.pk)
     assert set(data["stats"]) == STATS_KEYS
     assert data["stats"]["message_count"] == 3
     assert (
         data["stats"]["active_tokens"]
-        == api.get(context_url(conversation.pk)).json()["token_count"]
+        == api.get(api_url("context", conversation)).json()["token_count"]
     )
     assert data["revision"] == conversation.revision
 
 
 def test_stats_count_archived_messages_and_summaries(api, user) -> None:
-    conversation = conversation_create(
-        owner=user, system="Sys.", messages=[user_msg(f"m{i}") for i in range(4)]
+    # Compacted for real: the system prompt, m0 and m1 archived under summary 1, two kept.
+    conversation = compacted_conversation(
+        user,
+        system="Sys.",
+        messages=[long_user_message(f"m{i}") for i in range(4)],
+        keep={"messages": 2},
     )
     rows = list(Message.objects.filter(conversation=conversation).order_by("seq"))
-    summary = Summary.objects.create(
-        conversation=conversation,
-        version=1,
-        text="They said m0 and m1.",
-        prompt_version="1",
-        prompt_sha256="0" * 64,
-        from_seq=1,
-        to_seq=2,
-        token_count=7,
-    )
-    Message.objects.filter(pk__in=[rows[1].pk, rows[2].pk]).update(summary=summary)
-    CompactionAttempt.objects.create(
-        conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED, summary=summary
-    )
-    stats = api.get(detail_url(conversation.pk)).json()["stats"]
+    summary = Summary.objects.get(conversation=conversation)
+    stats = api.get(api_url("conversation-detail", conversation)).json()["stats"]
     assert stats["archived_message_count"] == 2
     assert stats["summary_count"] == 1
     assert stats["compaction_count"] == 1
-    assert stats["tokens_saved"] == rows[1].token_count + rows[2].token_count - 7
+    saved = rows[1].token_count + rows[2].token_count - summary.token_count
+    assert stats["tokens_saved"] == saved > 0
 
-    transcript = api.get(messages_url(conversation.pk)).json()["results"]
+    transcript = api.get(api_url("message-list", conversation)).json()["results"]
     assert [m["archived"] for m in transcript] == [False, True, True, False, False]
     assert [m["summary_version"] for m in transcript] == [None, 1, 1, None, None]
 
@@ -209,7 +183,7 @@ def test_patch_title_metadata_model_policy(api, user) -> None:
     conversation = conversation_create(owner=user, title="old", metadata={"a": 1})
     revision = conversation.revision
     response = api.patch(
-        detail_url(conversation.pk),
+        api_url("conversation-detail", conversation),
         {
             "title": "new",
             "metadata": {"b": 2},
@@ -237,7 +211,9 @@ def test_patch_title_metadata_model_policy(api, user) -> None:
     assert conversation.trigger == {"messages": 30} and conversation.keep == {"messages": 5}
 
     # One half of the policy alone; null goes back to the settings' default.
-    response = api.patch(detail_url(conversation.pk), {"policy": {"trigger": None}}, format="json")
+    response = api.patch(
+        api_url("conversation-detail", conversation), {"policy": {"trigger": None}}, format="json"
+    )
     assert response.status_code == 200, response.content
     data = response.json()
     assert data["policy"] == {"trigger": None, "keep": {"messages": 5}, "max_context_tokens": None}
@@ -247,7 +223,9 @@ def test_patch_title_metadata_model_policy(api, user) -> None:
 def test_patch_that_changes_nothing_keeps_the_revision(api, user) -> None:
     conversation = conversation_create(owner=user, title="same", system="Sys.")
     response = api.patch(
-        detail_url(conversation.pk), {"title": "same", "system": "Sys."}, format="json"
+        api_url("conversation-detail", conversation),
+        {"title": "same", "system": "Sys."},
+        format="json",
     )
     assert response.status_code == 200
     assert response.json()["revision"] == conversation.revision
@@ -255,24 +233,26 @@ def test_patch_that_changes_nothing_keeps_the_revision(api, user) -> None:
 
 def test_patch_system_replaces_the_leading_message(api, user) -> None:
     conversation = conversation_create(
-        owner=user, system="Old rules.", messages=[user_msg("hi"), assistant_msg("hello")]
+        owner=user, system="Old rules.", messages=[user_message("hi"), assistant_message("hello")]
     )
-    before = api.get(context_url(conversation.pk)).json()
+    before = api.get(api_url("context", conversation)).json()
 
-    response = api.patch(detail_url(conversation.pk), {"system": "New rules."}, format="json")
+    response = api.patch(
+        api_url("conversation-detail", conversation), {"system": "New rules."}, format="json"
+    )
     assert response.status_code == 200, response.content
     assert response.json()["system"] == "New rules."
 
-    context = api.get(context_url(conversation.pk)).json()
+    context = api.get(api_url("context", conversation)).json()
     assert context["messages"] == [
-        {"role": "system", "content": "New rules."},
-        user_msg("hi"),
-        assistant_msg("hello"),
+        system_message("New rules."),
+        user_message("hi"),
+        assistant_message("hello"),
     ]
     assert context["revision"] > before["revision"]
     assert context["token_count"] == openai_tokens(context["messages"])
 
-    transcript = api.get(messages_url(conversation.pk)).json()["results"]
+    transcript = api.get(api_url("message-list", conversation)).json()["results"]
     assert [(m["content"], m["replaced"]) for m in transcript] == [
         ("Old rules.", True),
         ("hi", False),
@@ -286,42 +266,48 @@ def test_patch_system_replaces_the_leading_message(api, user) -> None:
     assert conversation.active_message_count == 3
     active = Message.objects.filter(conversation=conversation).active()
     assert conversation.active_tokens == sum(m.token_count for m in active)
-    stats = api.get(detail_url(conversation.pk)).json()["stats"]
+    stats = api.get(api_url("conversation-detail", conversation)).json()["stats"]
     assert stats["active_tokens"] == context["token_count"]
 
     # and a second replacement retires the first replacement
-    api.patch(detail_url(conversation.pk), {"system": "Newest rules."}, format="json")
-    context = api.get(context_url(conversation.pk)).json()
-    assert context["messages"][0] == {"role": "system", "content": "Newest rules."}
+    api.patch(
+        api_url("conversation-detail", conversation), {"system": "Newest rules."}, format="json"
+    )
+    context = api.get(api_url("context", conversation)).json()
+    assert context["messages"][0] == system_message("Newest rules.")
     assert len(context["messages"]) == 3
 
 
 def test_patch_system_adds_one_when_there_was_none(api, user) -> None:
     conversation = conversation_create(
-        owner=user, messages=[user_msg("hi"), assistant_msg("hello")]
+        owner=user, messages=[user_message("hi"), assistant_message("hello")]
     )
-    revision = api.get(context_url(conversation.pk)).json()["revision"]
-    response = api.patch(detail_url(conversation.pk), {"system": "Be kind."}, format="json")
+    revision = api.get(api_url("context", conversation)).json()["revision"]
+    response = api.patch(
+        api_url("conversation-detail", conversation), {"system": "Be kind."}, format="json"
+    )
     assert response.status_code == 200, response.content
-    context = api.get(context_url(conversation.pk)).json()
+    context = api.get(api_url("context", conversation)).json()
     assert context["messages"] == [
-        {"role": "system", "content": "Be kind."},
-        user_msg("hi"),
-        assistant_msg("hello"),
+        system_message("Be kind."),
+        user_message("hi"),
+        assistant_message("hello"),
     ]
     assert context["revision"] > revision
     assert response.json()["system"] == "Be kind."
     # appending afterwards keeps the system message first
-    api.post(messages_url(conversation.pk), user_msg("more"), format="json")
-    assert api.get(context_url(conversation.pk)).json()["messages"][0]["content"] == "Be kind."
+    api.post(api_url("message-list", conversation), user_message("more"), format="json")
+    assert api.get(api_url("context", conversation)).json()["messages"][0]["content"] == "Be kind."
 
 
 def test_patch_same_system_text_changes_nothing(api, user) -> None:
-    conversation = conversation_create(owner=user, system="Rules.", messages=[user_msg("hi")])
-    before = api.get(context_url(conversation.pk)).json()
-    response = api.patch(detail_url(conversation.pk), {"system": "Rules."}, format="json")
+    conversation = conversation_create(owner=user, system="Rules.", messages=[user_message("hi")])
+    before = api.get(api_url("context", conversation)).json()
+    response = api.patch(
+        api_url("conversation-detail", conversation), {"system": "Rules."}, format="json"
+    )
     assert response.status_code == 200
-    after = api.get(context_url(conversation.pk)).json()
+    after = api.get(api_url("context", conversation)).json()
     assert after == before
     assert Message.objects.filter(conversation=conversation).count() == 2
     assert not Message.objects.filter(replaced_at__isnull=False).exists()
@@ -329,56 +315,50 @@ def test_patch_same_system_text_changes_nothing(api, user) -> None:
 
 def test_patch_system_over_a_leading_developer_message(api, user) -> None:
     conversation = conversation_create(
-        owner=user, messages=[{"role": "developer", "content": "Rules."}, user_msg("hi")]
+        owner=user, messages=[{"role": "developer", "content": "Rules."}, user_message("hi")]
     )
-    response = api.patch(detail_url(conversation.pk), {"system": "Rules."}, format="json")
+    response = api.patch(
+        api_url("conversation-detail", conversation), {"system": "Rules."}, format="json"
+    )
     assert response.status_code == 200
-    context = api.get(context_url(conversation.pk)).json()
-    assert context["messages"] == [{"role": "system", "content": "Rules."}, user_msg("hi")]
+    context = api.get(api_url("context", conversation)).json()
+    assert context["messages"] == [system_message("Rules."), user_message("hi")]
 
 
 # --- DELETE -------------------------------------------------------------------------------
 
 
 def test_delete_removes_everything(api, user) -> None:
-    conversation = conversation_create(
-        owner=user, system="Sys.", messages=[user_msg("a"), CALL, RESULT, assistant_msg("b")]
+    # Two real compactions: summary 1 (inactive) and 2, both with archived messages and an
+    # attempt each, beside the tool-call index.
+    conversation = compacted_conversation(
+        user,
+        system="Sys.",
+        messages=[long_user_message("a"), CALL, RESULT, assistant_message("b")],
+        keep={"messages": 1},
     )
-    keep = conversation_create(owner=user, messages=[user_msg("other")])
-    first = Summary.objects.create(
-        conversation=conversation,
-        version=1,
-        text="s1",
-        prompt_version="1",
-        prompt_sha256="0" * 64,
-        from_seq=1,
-        to_seq=1,
-        active=False,
+    message_append(
+        conversation=conversation, messages=[long_user_message("c"), assistant_message("d")]
     )
-    second = Summary.objects.create(
-        conversation=conversation,
-        version=2,
-        text="s2",
-        prompt_version="1",
-        prompt_sha256="0" * 64,
-        from_seq=1,
-        to_seq=2,
-        previous=first,
-    )
-    Message.objects.filter(conversation=conversation, seq=1).update(summary=first)
-    Message.objects.filter(conversation=conversation, seq=2).update(summary=second)
-    CompactionAttempt.objects.create(
-        conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED, summary=second
-    )
+    compact(conversation)
+    keep = conversation_create(owner=user, messages=[user_message("other")])
+    assert list(
+        Summary.objects.filter(conversation=conversation)
+        .order_by("version")
+        .values_list("version", "active")
+    ) == [(1, False), (2, True)]
+    assert Message.objects.filter(conversation=conversation).archived().count() == 5
+    assert CompactionAttempt.objects.filter(conversation=conversation).count() == 2
+    assert ToolCall.objects.filter(conversation=conversation).count() == 1
 
-    response = api.delete(detail_url(conversation.pk))
+    response = api.delete(api_url("conversation-detail", conversation))
     assert response.status_code == 204
     assert not Conversation.objects.filter(pk=conversation.pk).exists()
     assert not Message.objects.filter(conversation_id=conversation.pk).exists()
     assert not ToolCall.objects.filter(conversation_id=conversation.pk).exists()
     assert not Summary.objects.filter(conversation_id=conversation.pk).exists()
     assert not CompactionAttempt.objects.filter(conversation_id=conversation.pk).exists()
-    assert api.get(detail_url(conversation.pk)).status_code == 404
+    assert api.get(api_url("conversation-detail", conversation)).status_code == 404
     assert Message.objects.filter(conversation=keep).count() == 1
 
 
@@ -387,7 +367,9 @@ def test_delete_removes_everything(api, user) -> None:
 
 def test_append_one(api, user) -> None:
     conversation = conversation_create(owner=user, system="Sys.")
-    response = api.post(messages_url(conversation.pk), user_msg("Hello there"), format="json")
+    response = api.post(
+        api_url("message-list", conversation), user_message("Hello there"), format="json"
+    )
     assert response.status_code == 201, response.content
     data = response.json()
     assert list(data) == ["messages"] and len(data["messages"]) == 1
@@ -395,7 +377,7 @@ def test_append_one(api, user) -> None:
     assert set(stored) >= STORED_KEYS
     assert stored["role"] == "user" and stored["content"] == "Hello there"
     assert stored["seq"] == 1
-    assert stored["token_count"] == tokens.count_message(user_msg("Hello there"))
+    assert stored["token_count"] == tokens.count_message(user_message("Hello there"))
     assert stored["archived"] is False
     assert stored["summary_version"] is None
     assert datetime.fromisoformat(stored["created_at"].replace("Z", "+00:00"))
@@ -403,8 +385,8 @@ def test_append_one(api, user) -> None:
 
 def test_append_batch(api, user) -> None:
     conversation = conversation_create(owner=user)
-    batch = [user_msg("q"), CALL, RESULT, assistant_msg("a")]
-    response = api.post(messages_url(conversation.pk), {"messages": batch}, format="json")
+    batch = [user_message("q"), CALL, RESULT, assistant_message("a")]
+    response = api.post(api_url("message-list", conversation), {"messages": batch}, format="json")
     assert response.status_code == 201, response.content
     stored = response.json()["messages"]
     assert [m["seq"] for m in stored] == [0, 1, 2, 3]
@@ -418,11 +400,11 @@ def test_append_batch(api, user) -> None:
 
 def test_transcript_paginated_in_seq_order(api, user) -> None:
     conversation = conversation_create(owner=user, system="Sys.")
-    message_append(conversation=conversation, messages=[user_msg(f"m{i}") for i in range(11)])
+    message_append(conversation=conversation, messages=[user_message(f"m{i}") for i in range(11)])
     seqs = []
     page = 1
     while True:
-        data = api.get(messages_url(conversation.pk), {"page_size": 5, "page": page}).json()
+        data = api.get(api_url("message-list", conversation), {"page_size": 5, "page": page}).json()
         assert data["count"] == 12
         seqs += [m["seq"] for m in data["results"]]
         if not data["next"]:
@@ -430,7 +412,7 @@ def test_transcript_paginated_in_seq_order(api, user) -> None:
         page += 1
     assert page == 3
     assert seqs == list(range(12))
-    first = api.get(messages_url(conversation.pk), {"page_size": 5}).json()["results"]
+    first = api.get(api_url("message-list", conversation), {"page_size": 5}).json()["results"]
     assert [m["content"] for m in first] == ["Sys.", "m0", "m1", "m2", "m3"]
 
 
@@ -438,9 +420,9 @@ def test_context_is_plain_openai_messages(api, user) -> None:
     conversation = conversation_create(
         owner=user,
         system="Sys.",
-        messages=[{"role": "user", "name": "bob", "content": "q"}, CALL, RESULT],
+        messages=[user_message("q", name="bob"), CALL, RESULT],
     )
-    data = api.get(context_url(conversation.pk)).json()
+    data = api.get(api_url("context", conversation)).json()
     assert set(data) == {
         "messages",
         "token_count",
@@ -451,8 +433,8 @@ def test_context_is_plain_openai_messages(api, user) -> None:
     assert data["over_max_context_tokens"] is False
     assert data["summary"] is None
     assert data["messages"] == [
-        {"role": "system", "content": "Sys."},
-        {"role": "user", "name": "bob", "content": "q"},
+        system_message("Sys."),
+        user_message("q", name="bob"),
         CALL,
         RESULT,
     ]
@@ -463,21 +445,21 @@ def test_context_is_plain_openai_messages(api, user) -> None:
 
 def test_revision_changes_on_every_append(api, user) -> None:
     conversation = conversation_create(owner=user)
-    seen = [api.get(context_url(conversation.pk)).json()["revision"]]
+    seen = [api.get(api_url("context", conversation)).json()["revision"]]
     for i in range(3):
-        api.post(messages_url(conversation.pk), user_msg(f"m{i}"), format="json")
-        seen.append(api.get(context_url(conversation.pk)).json()["revision"])
+        api.post(api_url("message-list", conversation), user_message(f"m{i}"), format="json")
+        seen.append(api.get(api_url("context", conversation)).json()["revision"])
     api.post(
-        messages_url(conversation.pk),
-        {"messages": [user_msg("x"), assistant_msg("y")]},
+        api_url("message-list", conversation),
+        {"messages": [user_message("x"), assistant_message("y")]},
         format="json",
     )
-    seen.append(api.get(context_url(conversation.pk)).json()["revision"])
+    seen.append(api.get(api_url("context", conversation)).json()["revision"])
     assert len(set(seen)) == len(seen)
     assert seen == sorted(seen)
     # a rejected append changes nothing
-    api.post(messages_url(conversation.pk), {"role": "nobody"}, format="json")
-    assert api.get(context_url(conversation.pk)).json()["revision"] == seen[-1]
+    api.post(api_url("message-list", conversation), {"role": "nobody"}, format="json")
+    assert api.get(api_url("context", conversation)).json()["revision"] == seen[-1]
 
 
 def test_conversation_model_picks_the_encoding(api) -> None:
@@ -485,9 +467,11 @@ def test_conversation_model_picks_the_encoding(api) -> None:
     counts = {}
     for model in ("gpt-4", "gpt-4o"):
         pk = api.post(LIST_URL, {"model": model}, format="json").json()["id"]
-        stored = api.post(messages_url(pk), user_msg(text), format="json").json()["messages"]
+        stored = api.post(api_url("message-list", pk), user_message(text), format="json").json()[
+            "messages"
+        ]
         counts[model] = stored[0]["token_count"]
-        assert counts[model] == tokens.count_message(user_msg(text), model=model)
+        assert counts[model] == tokens.count_message(user_message(text), model=model)
     assert counts["gpt-4"] != counts["gpt-4o"]
 
 
@@ -495,16 +479,18 @@ def test_encoding_setting_applies_to_stored_counts(api) -> None:
     text = "def f(x):\n    return {'a': [1, 2, 3]}  # 日本語のコメント 🚀"
     with override_settings(CTXSUM={"ENCODING": "cl100k_base"}):
         pk = api.post(LIST_URL, {"model": "gpt-4o"}, format="json").json()["id"]
-        stored = api.post(messages_url(pk), user_msg(text), format="json").json()["messages"]
-        assert stored[0]["token_count"] == tokens.count_message(user_msg(text), model="gpt-4")
+        stored = api.post(api_url("message-list", pk), user_message(text), format="json").json()[
+            "messages"
+        ]
+        assert stored[0]["token_count"] == tokens.count_message(user_message(text), model="gpt-4")
 
 
 @pytest.mark.parametrize(
     ("method", "url", "body"),
     [
-        ("post", messages_url, {"role": "user", "content": "late"}),
-        ("patch", detail_url, {"system": "late"}),
-        ("patch", detail_url, {"title": "late"}),
+        ("post", "message-list", user_message("late")),
+        ("patch", "conversation-detail", {"system": "late"}),
+        ("patch", "conversation-detail", {"title": "late"}),
     ],
 )
 def test_conversation_deleted_between_lookup_and_write_is_404(
@@ -521,8 +507,8 @@ def test_conversation_deleted_between_lookup_and_write_is_404(
         return found
 
     monkeypatch.setattr(views.CtxsumView, "get_conversation", lookup_then_lose_the_race)
-    response = getattr(api, method)(url(conversation.pk), body, format="json")
+    response = getattr(api, method)(api_url(url, conversation), body, format="json")
     assert response.status_code == 404
     # the same answer as for any missing conversation
-    assert response.json() == api.get(detail_url(conversation.pk)).json()
+    assert response.json() == api.get(api_url("conversation-detail", conversation)).json()
     assert not Message.objects.exists()

@@ -1,5 +1,6 @@
 """ctxsum_import: JSON Lines in, conversations out through the service layer; rejected lines
-change nothing, re-runs skip what is there, and the real data set round-trips exactly."""
+change nothing, re-runs skip what is there, and real conversations round-trip exactly: the
+ones shipped in tests/fixtures/ always, the whole data set where it is on the machine."""
 
 from __future__ import annotations
 
@@ -7,16 +8,22 @@ import gzip
 import json
 import re
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from ctxsum.models import Conversation, Message
 from ctxsum.selectors import transcript_list
-
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
-DATA_FILES = ("agent_trajectories.jsonl.gz", "long_chats.jsonl.gz")
+from tests.factories import (
+    assistant_calls,
+    assistant_message,
+    real_conversations,
+    system_message,
+    tool_result,
+    user_message,
+    write_jsonl,
+)
+from tests.support.shared import DATA_DIR, DATA_FILES, FIXTURE_CONVERSATIONS
 
 
 def record(number: int, **extra) -> dict:
@@ -29,34 +36,14 @@ def record(number: int, **extra) -> dict:
         "valid": True,
         "meta": {"domain": "test", "n_messages": 5, "issues": ["x" * 300]},
         "messages": [
-            {"role": "system", "content": "You help with orders."},
-            {"role": "user", "content": f"Where is order #{number}?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": "find_order", "arguments": f'{{"id": {number}}}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": call_id, "content": '{"status": "shipped"}'},
-            {"role": "assistant", "content": f"Order #{number} has shipped."},
+            system_message("You help with orders."),
+            user_message(f"Where is order #{number}?"),
+            assistant_calls(call_id, name="find_order", arguments=f'{{"id": {number}}}'),
+            tool_result(call_id, '{"status": "shipped"}'),
+            assistant_message(f"Order #{number} has shipped."),
         ],
         **extra,
     }
-
-
-def write_jsonl(path: Path, lines: list) -> Path:
-    text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
-    if path.suffix == ".gz":
-        with gzip.open(path, "wt", encoding="utf-8") as handle:
-            handle.write(text)
-    else:
-        path.write_text(text, encoding="utf-8")
-    return path
 
 
 def run_import(*args, **options) -> str:
@@ -142,7 +129,7 @@ def test_import_other_users_imports_do_not_count_as_done(tmp_path, user, other_u
 @pytest.mark.django_db
 def test_import_rejects_records_that_are_not_conversations(tmp_path, user):
     too_many = record(3)
-    too_many["messages"] = [{"role": "user", "content": "hi"}] * 1001
+    too_many["messages"] = [user_message("hi")] * 1001
     path = write_jsonl(
         tmp_path / "a.jsonl",
         ['["a list"]', {"messages": []}, {"id": "x", "messages": []}, too_many],
@@ -174,6 +161,62 @@ def test_import_errors_for_missing_file_and_unknown_user(tmp_path, user, django_
     assert not created.has_usable_password()
     assert "1 conversations, 5 messages imported" in output
     assert Conversation.objects.get().owner == created
+
+
+def tool_call_ids(messages: list[dict]) -> list[str]:
+    return [call["id"] for message in messages for call in message.get("tool_calls") or ()]
+
+
+def test_the_shipped_real_conversations_hold_the_awkward_cases():
+    """tests/fixtures/conversations.jsonl keeps what it is there for, and its README names
+    the source and license of each conversation."""
+    records = real_conversations()
+    readme = (FIXTURE_CONVERSATIONS.parent / "README.md").read_text(encoding="utf-8")
+    assert len({record["id"] for record in records}) == len(records) == 12
+    for record in records:
+        assert record["valid"] and record["license"].startswith("MIT"), record["id"]
+        assert f"`{record['id']}`" in readme and record["source"] in readme, record["id"]
+    runs = [record["messages"] for record in records if tool_call_ids(record["messages"])]
+    parallel = [
+        max(len(message.get("tool_calls") or ()) for message in messages) for messages in runs
+    ]
+    assert max(parallel) >= 8 and sum(width >= 2 for width in parallel) >= 3
+    assert any(len(set(ids)) < len(ids) for ids in map(tool_call_ids, runs))  # a reused id
+    unanswered = [
+        set(tool_call_ids(messages))
+        - {message.get("tool_call_id") for message in messages if message["role"] == "tool"}
+        for messages in runs
+    ]
+    assert [ids for ids in unanswered if ids] == [{"call_submit"}]
+    assert len(records) - len(runs) >= 3  # plain chats
+
+
+@pytest.mark.django_db
+def test_import_the_shipped_real_conversations_round_trips(user):
+    """Each shipped conversation loads with no rejection, its transcript is its input
+    message list exactly, and its metadata says where it came from."""
+    records = {record["id"]: record for record in real_conversations()}
+    message_total = sum(len(record["messages"]) for record in records.values())
+
+    output = run_import(FIXTURE_CONVERSATIONS, user=user.username)
+
+    assert (
+        f"Imported for alice: {len(records)} conversations, {message_total} messages "
+        "imported; 0 rejected; 0 skipped" in output
+    ), output
+    conversations = list(Conversation.objects.filter(owner=user))
+    assert len(conversations) == len(records)
+    for conversation in conversations:
+        record = records[conversation.metadata["source_id"]]
+        transcript = [row.as_openai() for row in transcript_list(conversation=conversation)]
+        assert transcript == record["messages"], record["id"]
+        assert conversation.message_count == len(transcript)
+        assert conversation.metadata["source"] == record["source"]
+        assert conversation.metadata["license"] == record["license"]
+
+    again = run_import(FIXTURE_CONVERSATIONS, user=user.username)
+
+    assert f"0 conversations, 0 messages imported; 0 rejected; {len(records)} skipped" in again
 
 
 @pytest.mark.django_db

@@ -4,23 +4,16 @@ endpoint, exactly like an id that does not exist, and nothing changes."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
-from django.urls import NoReverseMatch, reverse
 from rest_framework.test import APIClient
 
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.services import conversation_create
+from tests.factories import assistant_message, user_message
+from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
-
-
-def route(name: str, pk: Any) -> str | None:
-    try:
-        return reverse(f"ctxsum:{name}", kwargs={"pk": pk})
-    except NoReverseMatch:
-        return None
 
 
 # (method, url name, body)
@@ -29,8 +22,8 @@ ENDPOINTS: list[tuple[str, str, dict | None]] = [
     ("patch", "conversation-detail", {"title": "pwned", "system": "Obey mallory."}),
     ("delete", "conversation-detail", None),
     ("get", "message-list", None),
-    ("post", "message-list", {"role": "user", "content": "injected"}),
-    ("post", "message-list", {"messages": [{"role": "user", "content": "injected"}]}),
+    ("post", "message-list", user_message("injected")),
+    ("post", "message-list", {"messages": [user_message("injected")]}),
     ("get", "context", None),
     ("post", "compact", {"force": True}),
     ("get", "summary-list", None),
@@ -48,10 +41,7 @@ def alices(user) -> Conversation:
         title="alice's",
         system="You are Alice's assistant.",
         metadata={"secret": "s3cr3t"},
-        messages=[
-            {"role": "user", "content": "My PIN is 1234."},
-            {"role": "assistant", "content": "Noted."},
-        ],
+        messages=[user_message("My PIN is 1234."), assistant_message("Noted.")],
     )
 
 
@@ -80,12 +70,12 @@ def send(client: APIClient, method: str, url: str, body: dict | None):
 def test_someone_elses_conversation_is_404_like_a_missing_one(
     other_api, alices, method, name, body
 ) -> None:
-    url = route(name, alices.pk)
+    url = api_url(name, alices.pk)
     before = state(alices)
 
     response = send(other_api, method, url, body)
-    missing = send(other_api, method, route(name, uuid.uuid4()), body)
-    malformed = send(other_api, method, route(name, "not-a-uuid"), body)
+    missing = send(other_api, method, api_url(name, uuid.uuid4()), body)
+    malformed = send(other_api, method, api_url(name, "not-a-uuid"), body)
 
     assert response.status_code == 404, response.content
     assert missing.status_code == malformed.status_code == 404
@@ -97,7 +87,7 @@ def test_someone_elses_conversation_is_404_like_a_missing_one(
 @pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
 def test_the_owner_reaches_every_endpoint(api, alices, method, name, body) -> None:
     # The control for the test above: the same requests succeed for the owner.
-    url = route(name, alices.pk)
+    url = api_url(name, alices.pk)
     response = send(api, method, url, body)
     assert response.status_code in (200, 201, 204), response.content
 
@@ -105,7 +95,7 @@ def test_the_owner_reaches_every_endpoint(api, alices, method, name, body) -> No
 def test_list_shows_only_own_conversations(api, other_api, user, other_user, alices) -> None:
     mine = [alices] + [conversation_create(owner=user, title=f"a{i}") for i in range(2)]
     theirs = [conversation_create(owner=other_user, title=f"m{i}") for i in range(3)]
-    url = reverse("ctxsum:conversation-list")
+    url = api_url("conversation-list")
 
     alice_ids = {row["id"] for row in api.get(url).json()["results"]}
     mallory_ids = {row["id"] for row in other_api.get(url).json()["results"]}
@@ -116,7 +106,7 @@ def test_list_shows_only_own_conversations(api, other_api, user, other_user, ali
 
 @pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
 def test_unauthenticated_is_refused(alices, method, name, body) -> None:
-    url = route(name, alices.pk)
+    url = api_url(name, alices.pk)
     before = state(alices)
     response = send(APIClient(), method, url, body)
     assert response.status_code in (401, 403)
@@ -125,7 +115,7 @@ def test_unauthenticated_is_refused(alices, method, name, body) -> None:
 
 
 def test_unauthenticated_list_and_create_are_refused(alices) -> None:
-    url = reverse("ctxsum:conversation-list")
+    url = api_url("conversation-list")
     client = APIClient()
     assert client.get(url).status_code in (401, 403)
     assert client.post(url, {"title": "x"}, format="json").status_code in (401, 403)

@@ -26,6 +26,7 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.services import conversation_create
 from ctxsum.services.compaction import conversation_compact
+from tests.factories import long_user_message, system_message
 from tests.invariants import assert_context_invariants
 from tests.openai_server import FakeOpenAI
 from tests.postgres import POSTGRES, held_openai
@@ -34,13 +35,8 @@ pytestmark = POSTGRES
 
 LEASE_SECONDS = 5  # short, yet long enough to see it live on a loaded CI machine
 ROOT = Path(__file__).resolve().parents[1]
-FILLER = (
-    "wants a morning flight to Delhi on October 20 with a window seat, a budget of 400 EUR, "
-    "vegetarian meals, a hotel near Connaught Place for three nights, airport transfers both "
-    "ways, travel insurance, and a reminder by email one day before the departure."
-)
-SYSTEM = {"role": "system", "content": "You book trips."}
-HISTORY = [{"role": "user", "content": f"u{index}: the traveller {FILLER}"} for index in range(6)]
+SYSTEM = system_message("You book trips.")
+HISTORY = [long_user_message(f"u{index}") for index in range(6)]
 COUNTERS = ("next_seq", "message_count", "active_message_count", "active_tokens", "revision")
 # Run in the child: build the summarizer's client first, so that the lease is taken moments
 # before the call the test catches in flight.

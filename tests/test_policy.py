@@ -34,42 +34,23 @@ from ctxsum.policy import (
     summary_budget,
 )
 from ctxsum.tokens import REPLY_PRIMING
-
-Message = dict[str, Any]
-
-
-def system(text: str = "You are a travel assistant.") -> Message:
-    return {"role": "system", "content": text}
+from tests.factories import (
+    Message,
+    assistant_calls,
+    assistant_message,
+    system_message,
+    tool_result,
+    turns,
+    user_message,
+)
 
 
 def summary(text: str = "Here is a summary of the conversation so far:\n\nearlier") -> Message:
-    return {"role": "user", "content": text}
-
-
-def user(text: str = "hi") -> Message:
-    return {"role": "user", "content": text}
-
-
-def assistant(text: str | None = "ok", calls: tuple[str, ...] = ()) -> Message:
-    message: Message = {"role": "assistant", "content": text}
-    if calls:
-        message["tool_calls"] = [
-            {"id": call_id, "type": "function", "function": {"name": "weather", "arguments": "{}"}}
-            for call_id in calls
-        ]
-    return message
-
-
-def result(call_id: str, text: str = "20 C") -> Message:
-    return {"role": "tool", "tool_call_id": call_id, "content": text}
+    return user_message(text)
 
 
 def policy(trigger: dict[str, int], keep: dict[str, int]) -> Policy:
     return parse_policy(trigger, keep)
-
-
-def turns(count: int) -> list[Message]:
-    return [user(f"u{i}") if i % 2 == 0 else assistant(f"a{i}") for i in range(count)]
 
 
 # --- trigger ---------------------------------------------------------------------------
@@ -111,7 +92,7 @@ def test_five_messages_archive_all_but_the_last_two() -> None:
 
 
 def test_five_messages_with_system_message_keep_it_pinned() -> None:
-    messages = [system(), *turns(4)]
+    messages = [system_message(), *turns(4)]
     plan = plan_compaction(
         messages,
         [7, 10, 11, 12, 13],
@@ -202,7 +183,7 @@ def test_history_start_counts_the_pinned_messages() -> None:
 
 
 def test_system_message_and_summary_are_never_archived() -> None:
-    pinned = [system(), summary()]
+    pinned = [system_message(), summary()]
     messages = [*pinned, *turns(8)]
     tokens = [500, 300, *[10] * 8]
     plan = plan_compaction(
@@ -229,26 +210,26 @@ def test_system_message_and_summary_are_never_archived() -> None:
 
 def test_pair_tool_results_pairs_each_result_with_its_request() -> None:
     messages = [
-        user("weather?"),
-        assistant(None, calls=("call-1", "call-2")),
-        result("call-1"),
-        result("call-2"),
-        result("nobody"),
+        user_message("weather?"),
+        assistant_calls("call-1", "call-2"),
+        tool_result("call-1"),
+        tool_result("call-2"),
+        tool_result("nobody"),
         {"role": "tool", "content": "no id at all"},
-        user("thanks"),
+        user_message("thanks"),
     ]
     assert pair_tool_results(messages) == {2: 1, 3: 1, 4: None, 5: None}
 
 
 def test_repeated_ids_pair_with_the_nearest_earlier_request() -> None:
     messages = [
-        result("call_1"),
-        assistant(None, calls=("call_1",)),
-        result("call_1"),
-        user("again"),
-        assistant(None, calls=("call_1",)),
-        result("call_1"),
-        user("thanks"),
+        tool_result("call_1"),
+        assistant_calls("call_1"),
+        tool_result("call_1"),
+        user_message("again"),
+        assistant_calls("call_1"),
+        tool_result("call_1"),
+        user_message("thanks"),
     ]
     assert pair_tool_results(messages) == {0: None, 2: 1, 5: 4}
     assert safe_cutoff(messages, start=0, candidate=5) == 4
@@ -259,12 +240,12 @@ def test_repeated_ids_pair_with_the_nearest_earlier_request() -> None:
 def test_every_cutoff_inside_parallel_results_moves_back_to_the_request() -> None:
     call_ids = tuple(f"call-{i}" for i in range(10))
     messages = [
-        system(),
-        user("check ten cities"),
-        assistant(None, calls=call_ids),
-        *[result(call_id) for call_id in call_ids],
-        user("which is cooler?"),
-        assistant("Delhi"),
+        system_message(),
+        user_message("check ten cities"),
+        assistant_calls(*call_ids),
+        *[tool_result(call_id) for call_id in call_ids],
+        user_message("which is cooler?"),
+        assistant_message("Delhi"),
     ]
     request = 2
     for candidate in range(request + 1, request + 1 + len(call_ids)):
@@ -275,81 +256,89 @@ def test_every_cutoff_inside_parallel_results_moves_back_to_the_request() -> Non
 
 def test_results_in_reverse_order_still_move_back() -> None:
     messages = [
-        user("go"),
-        assistant(None, calls=("a", "b", "c")),
-        result("c"),
-        result("b"),
-        result("a"),
-        user("next"),
+        user_message("go"),
+        assistant_calls("a", "b", "c"),
+        tool_result("c"),
+        tool_result("b"),
+        tool_result("a"),
+        user_message("next"),
     ]
     for candidate in (2, 3, 4):
         assert safe_cutoff(messages, start=0, candidate=candidate) == 1
 
 
-def test_moving_back_repeats_until_stable() -> None:
-    messages = [
-        user("go"),
-        assistant(None, calls=("a",)),
-        assistant(None, calls=("b",)),
-        result("b"),
-        result("a"),
-        user("next"),
-    ]
+# After a request for "a" and one for "b" (at 1 and 2), their results in this order, then a
+# user message: wherever the cutoff starts, it moves back until no result in the tail lacks
+# its request, which takes it to 1.
+MOVING_BACK = [
     # Moving back to the request of "b" brings the result of "a" into the tail, whose
     # request is earlier still.
-    assert safe_cutoff(messages, start=0, candidate=3) == 1
-    assert safe_cutoff(messages, start=0, candidate=2) == 1
-
-
-def test_moving_back_can_bring_in_results_of_an_earlier_request() -> None:
-    messages = [
-        user("go"),
-        assistant(None, calls=("a",)),
-        assistant(None, calls=("b",)),
-        result("a"),
-        result("b"),
-        user("next"),
-    ]
+    (("b", "a"), 3),
+    (("b", "a"), 2),
     # Cutting at "b"'s result moves back to its request at 2, which puts the result of
     # "a" (index 3) in the tail, so the cutoff moves back again to 1.
-    assert safe_cutoff(messages, start=0, candidate=4) == 1
+    (("a", "b"), 4),
+]
+
+
+@pytest.mark.parametrize(("results", "candidate"), MOVING_BACK)
+def test_moving_back_repeats_until_stable(results: tuple[str, str], candidate: int) -> None:
+    messages = [
+        user_message("go"),
+        assistant_calls("a"),
+        assistant_calls("b"),
+        *map(tool_result, results),
+        user_message("next"),
+    ]
+    assert safe_cutoff(messages, start=0, candidate=candidate) == 1
 
 
 def test_the_cutoff_never_moves_before_start() -> None:
-    messages = [system(), assistant(None, calls=("a",)), result("a"), user("next")]
+    messages = [system_message(), assistant_calls("a"), tool_result("a"), user_message("next")]
     assert safe_cutoff(messages, start=1, candidate=2) == 1
     assert safe_cutoff(messages, start=1, candidate=0) == 1
 
 
 def test_orphaned_results_are_skipped_forward() -> None:
     messages = [
-        user("old conversation"),
-        assistant("old answer"),
-        result("unknown-1"),
-        result("unknown-2"),
-        user("continue"),
+        user_message("old conversation"),
+        assistant_message("old answer"),
+        tool_result("unknown-1"),
+        tool_result("unknown-2"),
+        user_message("continue"),
     ]
     assert safe_cutoff(messages, start=0, candidate=2) == 4
     assert safe_cutoff(messages, start=0, candidate=3) == 4
 
 
 def test_skipping_orphans_never_archives_the_newest_message() -> None:
-    messages = [user("old"), assistant("answer"), result("unknown-1"), result("unknown-2")]
+    messages = [
+        user_message("old"),
+        assistant_message("answer"),
+        tool_result("unknown-1"),
+        tool_result("unknown-2"),
+    ]
     assert safe_cutoff(messages, start=0, candidate=2) == 3
 
 
 def test_results_of_a_pinned_request_count_as_orphans() -> None:
-    messages = [system(), assistant(None, calls=("a",)), result("a"), result("a"), user("go")]
+    messages = [
+        system_message(),
+        assistant_calls("a"),
+        tool_result("a"),
+        tool_result("a"),
+        user_message("go"),
+    ]
     assert safe_cutoff(messages, start=2, candidate=2) == 4
 
 
 def test_orphans_behind_a_kept_request_are_not_skipped() -> None:
     messages = [
-        user("old"),
-        assistant(None, calls=("a",)),
-        result("unknown"),
-        result("a"),
-        user("next"),
+        user_message("old"),
+        assistant_calls("a"),
+        tool_result("unknown"),
+        tool_result("a"),
+        user_message("next"),
     ]
     # The cutoff moves back to the request of "a"; the orphan between stays in the tail.
     assert safe_cutoff(messages, start=0, candidate=2) == 1
@@ -357,7 +346,12 @@ def test_orphans_behind_a_kept_request_are_not_skipped() -> None:
 
 def test_safe_cutoff_handles_long_conversations_in_linear_time() -> None:
     call_ids = tuple(f"call-{i}" for i in range(20_000))
-    messages = [user("go"), assistant(None, calls=call_ids), *map(result, call_ids), user("x")]
+    messages = [
+        user_message("go"),
+        assistant_calls(*call_ids),
+        *map(tool_result, call_ids),
+        user_message("x"),
+    ]
     assert safe_cutoff(messages, start=0, candidate=10_000) == 1
 
 
@@ -365,7 +359,7 @@ def test_safe_cutoff_handles_long_conversations_in_linear_time() -> None:
 
 
 def test_newest_message_over_the_trigger_still_compacts_as_far_as_it_can() -> None:
-    messages = [system(), *turns(5)]
+    messages = [system_message(), *turns(5)]
     tokens = [10, 20, 20, 20, 20, 150]
     rule = policy({"tokens": 100}, {"tokens": 50})
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
@@ -377,7 +371,7 @@ def test_newest_message_over_the_trigger_still_compacts_as_far_as_it_can() -> No
 
 
 def test_keep_is_the_most_kept_when_it_would_leave_the_context_at_the_trigger() -> None:
-    messages = [system(), *turns(20)]
+    messages = [system_message(), *turns(20)]
     tokens = [10, *[100] * 20]
     rule = policy({"tokens": 1000}, {"messages": 10})
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
@@ -392,7 +386,7 @@ def test_keep_is_the_most_kept_when_it_would_leave_the_context_at_the_trigger() 
 
 
 def test_keep_is_honoured_when_it_leaves_the_context_below_the_trigger() -> None:
-    messages = [system(), *turns(20)]
+    messages = [system_message(), *turns(20)]
     tokens = [10, *[30] * 20]
     rule = policy({"tokens": 600}, {"messages": 10})
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
@@ -402,7 +396,13 @@ def test_keep_is_honoured_when_it_leaves_the_context_below_the_trigger() -> None
 
 
 def test_keeping_fewer_never_splits_a_tool_round() -> None:
-    messages = [system(), *turns(6), assistant(None, calls=("a", "b")), result("a"), result("b")]
+    messages = [
+        system_message(),
+        *turns(6),
+        assistant_calls("a", "b"),
+        tool_result("a"),
+        tool_result("b"),
+    ]
     tokens = [10, *[100] * 6, 100, 100, 100]
     rule = policy({"tokens": 600}, {"messages": 5})
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
@@ -414,7 +414,7 @@ def test_keeping_fewer_never_splits_a_tool_round() -> None:
 
 
 def test_max_context_tokens_compacts_and_keeps_fewer_below_it() -> None:
-    messages = [system(), *turns(10)]
+    messages = [system_message(), *turns(10)]
     tokens = [10, *[100] * 10]
     rule = parse_policy({"messages": 50}, {"messages": 8}, 600)
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
@@ -478,11 +478,11 @@ def test_max_context_tokens_must_be_a_positive_integer(value: object) -> None:
 
 def test_force_skips_the_trigger_but_respects_tool_boundaries() -> None:
     messages = [
-        system(),
-        user("weather?"),
-        assistant(None, calls=("a", "b")),
-        result("a"),
-        result("b"),
+        system_message(),
+        user_message("weather?"),
+        assistant_calls("a", "b"),
+        tool_result("a"),
+        tool_result("b"),
     ]
     rule = policy({"messages": 50}, {"messages": 2})
     unforced = plan_compaction(messages, [5] * 5, leading=True, has_summary=False, policy=rule)
@@ -495,7 +495,7 @@ def test_force_skips_the_trigger_but_respects_tool_boundaries() -> None:
 
 
 def test_force_with_nothing_before_the_tail_does_nothing() -> None:
-    messages = [system(), assistant(None, calls=("a",)), result("a")]
+    messages = [system_message(), assistant_calls("a"), tool_result("a")]
     plan = plan_compaction(
         messages,
         [5, 5, 5],
@@ -510,7 +510,7 @@ def test_force_with_nothing_before_the_tail_does_nothing() -> None:
 
 def test_a_conversation_of_pinned_messages_only_has_nothing_to_summarize() -> None:
     plan = plan_compaction(
-        [system(), summary()],
+        [system_message(), summary()],
         [5, 5],
         leading=True,
         has_summary=True,
@@ -654,24 +654,24 @@ def conversations(draw: st.DrawFn) -> tuple[list[Message], list[int], bool, bool
     has_summary = draw(st.booleans())
     messages: list[Message] = []
     if leading:
-        messages.append(system())
+        messages.append(system_message())
     if has_summary:
         messages.append(summary())
     kinds = st.sampled_from(["user", "assistant", "tools", "tools", "orphan"])
     for kind in draw(st.lists(kinds, min_size=1, max_size=25)):
         if kind == "user":
-            messages.append(user())
+            messages.append(user_message())
         elif kind == "assistant":
-            messages.append(assistant())
+            messages.append(assistant_message())
         elif kind == "orphan":
-            messages.append(result(draw(st.sampled_from(["lost_1", "lost_2", *CALL_IDS]))))
+            messages.append(tool_result(draw(st.sampled_from(["lost_1", "lost_2", *CALL_IDS]))))
         else:
             # Ids are unique within one message but come back in later messages.
             call_ids = draw(
                 st.lists(st.sampled_from(CALL_IDS), min_size=1, max_size=5, unique=True)
             )
-            messages.append(assistant(None, calls=tuple(call_ids)))
-            messages.extend(result(call_id) for call_id in draw(st.permutations(call_ids)))
+            messages.append(assistant_calls(*call_ids))
+            messages.extend(tool_result(call_id) for call_id in draw(st.permutations(call_ids)))
     tokens = draw(st.lists(st.integers(1, 300), min_size=len(messages), max_size=len(messages)))
     return messages, tokens, leading, has_summary
 

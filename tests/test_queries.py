@@ -4,11 +4,12 @@ a message (service and REST) and reading the context (selector and REST)."""
 from __future__ import annotations
 
 import pytest
-from django.urls import reverse
 
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.selectors import context_get
 from ctxsum.services import conversation_create, message_append
+from tests.factories import assistant_calls, assistant_message, tool_result, user_message
+from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
 
@@ -32,20 +33,10 @@ def turn(i: int) -> list[dict]:
     """Four messages: a question, a tool call, its result and an answer."""
     call_id = f"call_{i}"
     return [
-        {"role": "user", "content": f"Question {i}: what is the weather in city {i}?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": "weather", "arguments": f'{{"city": {i}}}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": call_id, "content": f"{i} degrees"},
-        {"role": "assistant", "content": f"It is {i} degrees in city {i}."},
+        user_message(f"Question {i}: what is the weather in city {i}?"),
+        assistant_calls(call_id, name="weather", arguments=f'{{"city": {i}}}'),
+        tool_result(call_id, f"{i} degrees"),
+        assistant_message(f"It is {i} degrees in city {i}."),
     ]
 
 
@@ -70,9 +61,7 @@ def conversation(request, user) -> Conversation:
 
 def test_append_one_message(conversation, django_assert_num_queries) -> None:
     with django_assert_num_queries(APPEND_QUERIES):
-        message_append(
-            conversation=conversation, messages=[{"role": "user", "content": "One more?"}]
-        )
+        message_append(conversation=conversation, messages=[user_message("One more?")])
 
 
 def test_append_a_tool_call_and_its_result(conversation, django_assert_num_queries) -> None:
@@ -96,15 +85,15 @@ def test_context_selector(conversation, django_assert_num_queries) -> None:
 
 
 def test_rest_append(api, conversation, django_assert_num_queries) -> None:
-    url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+    url = api_url("message-list", conversation)
     with django_assert_num_queries(REST_LOOKUP + APPEND_QUERIES):
-        response = api.post(url, {"role": "user", "content": "One more?"}, format="json")
+        response = api.post(url, user_message("One more?"), format="json")
     assert response.status_code == 201
     assert response.json()["messages"][0]["seq"] == conversation.message_count
 
 
 def test_rest_context(api, conversation, django_assert_num_queries) -> None:
-    url = reverse("ctxsum:context", kwargs={"pk": conversation.pk})
+    url = api_url("context", conversation)
     with django_assert_num_queries(REST_LOOKUP + CONTEXT_QUERIES):
         response = api.get(url)
     assert response.status_code == 200
@@ -112,7 +101,7 @@ def test_rest_context(api, conversation, django_assert_num_queries) -> None:
 
 
 def test_rest_transcript_page(api, conversation, django_assert_num_queries) -> None:
-    url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+    url = api_url("message-list", conversation)
     with django_assert_num_queries(TRANSCRIPT_QUERIES):
         response = api.get(url)
     assert response.status_code == 200
@@ -125,7 +114,7 @@ DETAIL_QUERIES = REST_LOOKUP + CONTEXT_QUERIES + 4
 
 
 def test_rest_detail(api, conversation, django_assert_num_queries) -> None:
-    url = reverse("ctxsum:conversation-detail", kwargs={"pk": conversation.pk})
+    url = api_url("conversation-detail", conversation)
     with django_assert_num_queries(DETAIL_QUERIES):
         response = api.get(url)
     assert response.status_code == 200

@@ -32,50 +32,32 @@ from ctxsum.selectors import context_get
 from ctxsum.services import conversation_create, conversation_delete, message_append
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.validation import TOOL_CALL_ID_ARCHIVED
+from tests.factories import (
+    FILLER,
+    assistant_calls,
+    long_user_message,
+    system_message,
+    tool_result,
+)
 from tests.invariants import assert_context_invariants
 from tests.openai_server import FakeOpenAI
 from tests.postgres import (
     POSTGRES,
     attempts,
     blocked,
-    compact_in_thread,
+    compact_held,
     held_openai,
     start,
     wait_until,
 )
+from tests.support.urls import api_url
 
 pytestmark = POSTGRES
-# Long enough that the fake's "Summary of N chars." is always smaller than what it replaces.
-FILLER = (
-    "wants a morning flight to Delhi on October 20 with a window seat, a budget of 400 EUR, "
-    "vegetarian meals, a hotel near Connaught Place for three nights, airport transfers both "
-    "ways, travel insurance, and a reminder by email one day before the departure."
-)
 POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
 
 
-def user_message(tag: str) -> dict[str, Any]:
-    return {"role": "user", "content": f"{tag}: the traveller {FILLER}"}
-
-
-def calling(*call_ids: str) -> dict[str, Any]:
-    """An assistant message requesting the tools ``call_ids``, in parallel."""
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": call_id,
-                "type": "function",
-                "function": {"name": "search_flights", "arguments": '{"to": "DEL"}'},
-            }
-            for call_id in call_ids
-        ],
-    }
-
-
 def result(call_id: str) -> dict[str, Any]:
-    return {"role": "tool", "tool_call_id": call_id, "content": f"{call_id}: found {FILLER}"}
+    return tool_result(call_id, f"{call_id}: found {FILLER}")
 
 
 def archived_refusal(call_id: str) -> dict[str, list[str]]:
@@ -123,18 +105,17 @@ def assert_compacts_again(conversation: Conversation, originals: list[dict[str, 
 # The orphan scenario: a result arrives while its request is being summarized.
 
 ORPHAN_HISTORY = [
-    user_message("u0"),
-    calling("call_x"),
-    user_message("u2"),
-    user_message("u3"),
-    user_message("u4"),
+    long_user_message("u0"),
+    assistant_calls("call_x"),
+    long_user_message("u2"),
+    long_user_message("u3"),
+    long_user_message("u4"),
 ]
 
 
 def test_a_result_for_an_archived_request_arriving_during_the_call_is_a_conflict(user, fake):
     conversation = create(user, ORPHAN_HISTORY)
-    worker = compact_in_thread(conversation, force=True)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake, force=True)
 
     # Its request is still active: the result is accepted.
     answer = result("call_x")
@@ -158,15 +139,14 @@ def test_a_result_for_an_archived_request_arriving_during_the_call_is_a_conflict
 @pytest.mark.parametrize("arriving", ["one", "all"])
 def test_parallel_results_for_archived_requests_arriving_during_the_call(user, fake, arriving):
     history = [
-        user_message("u0"),
-        calling("call_a", "call_b", "call_c"),
-        user_message("u2"),
-        user_message("u3"),
-        user_message("u4"),
+        long_user_message("u0"),
+        assistant_calls("call_a", "call_b", "call_c"),
+        long_user_message("u2"),
+        long_user_message("u3"),
+        long_user_message("u4"),
     ]
     conversation = create(user, history)
-    worker = compact_in_thread(conversation, force=True)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake, force=True)
 
     if arriving == "one":
         during = [result("call_b")]
@@ -193,15 +173,14 @@ def test_parallel_results_for_archived_requests_arriving_during_the_call(user, f
 
 def test_a_result_for_a_kept_request_arriving_during_the_call_is_no_conflict(user, fake):
     history = [
-        user_message("u0"),
-        user_message("u1"),
-        user_message("u2"),
-        calling("call_k"),
-        user_message("u4"),
+        long_user_message("u0"),
+        long_user_message("u1"),
+        long_user_message("u2"),
+        assistant_calls("call_k"),
+        long_user_message("u4"),
     ]
     conversation = create(user, history)
-    worker = compact_in_thread(conversation, force=True)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake, force=True)
     answer = result("call_k")
     message_append(conversation=conversation, messages=[answer])
 
@@ -210,7 +189,7 @@ def test_a_result_for_a_kept_request_arriving_during_the_call_is_no_conflict(use
     assert outcome.compacted, outcome.reason
     assert [row.seq for row in outcome.archived] == [0, 1, 2]
     context = context_get(conversation=conversation).messages
-    assert context[1:] == [calling("call_k"), user_message("u4"), answer]
+    assert context[1:] == [assistant_calls("call_k"), long_user_message("u4"), answer]
     assert_context_invariants(conversation, original_messages=[*history, answer])
 
 
@@ -219,8 +198,7 @@ def test_a_result_for_a_kept_request_arriving_during_the_call_is_no_conflict(use
 
 def compact_archiving_call_x(user: Any, fake: FakeOpenAI) -> Conversation:
     conversation = create(user, ORPHAN_HISTORY)
-    worker = compact_in_thread(conversation, force=True)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake, force=True)
     fake.release()
     outcome = worker.outcome()
     assert outcome.compacted, outcome.reason
@@ -238,14 +216,18 @@ def test_a_result_arriving_after_the_commit_is_refused(user, fake, api):
     assert refused.value.per_message == [archived_refusal("call_x")]
     # All or none: a valid message in the same batch is not stored either.
     with pytest.raises(MessagesInvalid) as refused:
-        message_append(conversation=conversation, messages=[user_message("fine"), result("call_x")])
+        message_append(
+            conversation=conversation, messages=[long_user_message("fine"), result("call_x")]
+        )
     assert refused.value.per_message == [{}, archived_refusal("call_x")]
 
-    url = f"/api/conversations/{conversation.pk}/messages/"
+    url = api_url("message-list", conversation)
     response = api.post(url, result("call_x"), format="json")
     assert response.status_code == 400
     assert response.json() == archived_refusal("call_x")
-    response = api.post(url, {"messages": [user_message("ok"), result("call_x")]}, format="json")
+    response = api.post(
+        url, {"messages": [long_user_message("ok"), result("call_x")]}, format="json"
+    )
     assert response.status_code == 400
     assert response.json() == {"messages": [{}, archived_refusal("call_x")]}
 
@@ -260,8 +242,7 @@ def test_a_result_arriving_while_the_commit_holds_the_lock_waits_and_is_refused(
     table); the append queues on the row lock and, once the commit is done, finds its
     request archived."""
     conversation = create(user, ORPHAN_HISTORY)
-    worker = compact_in_thread(conversation, force=True)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake, force=True)
     pk = conversation.pk
 
     with transaction.atomic():
@@ -290,8 +271,7 @@ def test_a_result_stored_while_the_commit_waits_for_the_lock_is_a_conflict(user,
     """The append holds the conversation row when the compaction comes to commit: the
     commit waits, then sees the result for a request it would archive."""
     conversation = create(user, ORPHAN_HISTORY)
-    worker = compact_in_thread(conversation, force=True)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake, force=True)
     answer = result("call_x")
 
     with transaction.atomic():
@@ -330,7 +310,7 @@ COMPACTOR_REASONS = {
 
 def test_call_result_pairs_racing_two_compactors_leave_no_orphan(user, fake):
     fake.release()  # every summarizer call answers at once
-    system = {"role": "system", "content": "You book trips."}
+    system = system_message("You book trips.")
     conversation = conversation_create(
         owner=user,
         system=system["content"],
@@ -363,7 +343,7 @@ def test_call_result_pairs_racing_two_compactors_leave_no_orphan(user, fake):
         barrier.wait(timeout=10)
         for number in range(ROUNDS):
             call_id = f"call_{index}_{number}"
-            assert append(mine, calling(call_id)), "a tool call was refused"
+            assert append(mine, assistant_calls(call_id)), "a tool call was refused"
             if index % 2:
                 time.sleep(PAUSE)
             append(mine, result(call_id))
@@ -386,7 +366,7 @@ def test_call_result_pairs_racing_two_compactors_leave_no_orphan(user, fake):
 
     assert set(reasons) <= COMPACTOR_REASONS, sorted(set(reasons))
     # Overlapping tool rounds may leave no safe cut; two plain messages end every round.
-    closing = [user_message("closing 1"), user_message("closing 2")]
+    closing = [long_user_message("closing 1"), long_user_message("closing 2")]
     for message in closing:
         assert append(conversation, message)
     final = conversation_compact(conversation=conversation, force=True)
@@ -424,9 +404,9 @@ def append_until_deleted(user: Any, pk: Any, via: str, first: threading.Event) -
     client.force_authenticate(user)
     mine = Conversation.objects.get(pk=pk)
     for number in range(500):
-        message = user_message(f"m{number}")
+        message = long_user_message(f"m{number}")
         if via == "rest":
-            response = client.post(f"/api/conversations/{pk}/messages/", message, format="json")
+            response = client.post(api_url("message-list", pk), message, format="json")
             answers.append(str(response.status_code))
             if response.status_code == 404:
                 assert response.json() == {"detail": "No such conversation.", "code": "not_found"}
@@ -454,7 +434,7 @@ def test_a_delete_racing_appends_answers_404_never_500(user, api, via):
         for first in firsts:
             assert first.wait(10), "an appender never got to append"
         if via == "rest":
-            assert api.delete(f"/api/conversations/{pk}/").status_code == 204
+            assert api.delete(api_url("conversation-detail", pk)).status_code == 204
         else:
             conversation_delete(conversation=conversation)
 
@@ -469,21 +449,20 @@ def test_a_delete_racing_appends_answers_404_never_500(user, api, via):
 def test_a_delete_during_a_held_compaction(user, fake, api, via):
     conversation = create(user, ORPHAN_HISTORY)
     pk = conversation.pk
-    url = f"/api/conversations/{pk}/"
 
     def compact() -> Any:
         if via == "service":
             return conversation_compact(conversation=Conversation.objects.get(pk=pk), force=True)
         client = APIClient()
         client.force_authenticate(user)
-        return client.post(f"{url}compact/", {"force": True}, format="json")
+        return client.post(api_url("compact", pk), {"force": True}, format="json")
 
     worker = start(compact)
     assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
     if via == "service":
         conversation_delete(conversation=conversation)
     else:
-        assert api.delete(url).status_code == 204
+        assert api.delete(api_url("conversation-detail", pk)).status_code == 204
     assert rows_left(pk) == NOTHING_LEFT
 
     fake.release()
@@ -502,8 +481,7 @@ def test_a_delete_waits_for_a_compaction_commit_in_progress(user, fake):
     queues behind it and then removes the new summary with everything else."""
     conversation = create(user, ORPHAN_HISTORY)
     pk = conversation.pk
-    worker = compact_in_thread(conversation, force=True)
-    assert fake.wait_for_in_flight(1, timeout=10), "the summarizer call never started"
+    worker = compact_held(conversation, fake, force=True)
 
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -527,10 +505,11 @@ def test_an_auto_compaction_whose_conversation_is_deleted_mid_call(user, fake, a
     pk = conversation.pk
     client = APIClient()
     client.force_authenticate(user)
-    url = f"/api/conversations/{pk}/"
-    appender = start(lambda: client.post(f"{url}messages/", user_message("u4"), format="json"))
+    appender = start(
+        lambda: client.post(api_url("message-list", pk), long_user_message("u4"), format="json")
+    )
     assert fake.wait_for_in_flight(1, timeout=10), "the automatic compaction never started"
-    assert api.delete(url).status_code == 204
+    assert api.delete(api_url("conversation-detail", pk)).status_code == 204
 
     fake.release()
     response = appender.outcome()

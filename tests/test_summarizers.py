@@ -33,6 +33,7 @@ from ctxsum.summarizers.openai import (
     OpenAISummarizer,
 )
 from ctxsum.tokens import count_text
+from tests.factories import assistant_calls, tool_result, user_message
 from tests.openai_server import fake_summary
 
 PROMPT = "Summarize the conversation."
@@ -430,19 +431,9 @@ def test_offline_reads_the_formatter_output():
     from ctxsum.formatting import format_messages, with_summary_so_far
 
     messages = [
-        {"role": "user", "content": "Ship order #4411 to <Oslo> & tell Ingrid."},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "ship", "arguments": '{"order": 4411}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "c1", "content": "Shipped, tracking ZX-99."},
+        user_message("Ship order #4411 to <Oslo> & tell Ingrid."),
+        assistant_calls("c1", name="ship", arguments='{"order": 4411}'),
+        tool_result("c1", "Shipped, tracking ZX-99."),
     ]
     history = with_summary_so_far("Earlier: Ingrid is the customer.", format_messages(messages))
 

@@ -12,6 +12,13 @@ from ctxsum import tokens
 from ctxsum.models import Message
 from ctxsum.selectors import context_get
 from ctxsum.services import conversation_create, message_append
+from tests.factories import (
+    assistant_calls,
+    assistant_message,
+    tool_call,
+    tool_result,
+    user_message,
+)
 
 ENCODINGS = ("o200k_base", "cl100k_base")
 SAMPLES = (
@@ -136,16 +143,8 @@ def test_tool_calls_and_tool_results_are_counted() -> None:
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {
-                "id": "call_abc123",
-                "type": "function",
-                "function": {"name": "search_hotels", "arguments": arguments},
-            },
-            {
-                "id": "call_def456",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Lisbon"}'},
-            },
+            tool_call("call_abc123", "search_hotels", arguments),
+            tool_call("call_def456", "get_weather", '{"city": "Lisbon"}'),
         ],
     }
     expected = (
@@ -156,7 +155,7 @@ def test_tool_calls_and_tool_results_are_counted() -> None:
     )
     assert tokens.count_message(call, model="gpt-4o") == expected
 
-    result = {"role": "tool", "tool_call_id": "call_abc123", "content": '[{"name": "A"}]'}
+    result = tool_result("call_abc123", '[{"name": "A"}]')
     expected_result = 3 + n(name, "tool") + n(name, '[{"name": "A"}]') + n(name, "call_abc123")
     assert tokens.count_message(result, model="gpt-4o") == expected_result
 
@@ -212,27 +211,16 @@ def test_refusal_field_of_an_assistant_reply_is_counted() -> None:
 # --- stored counts ------------------------------------------------------------------------
 
 MESSAGES = [
-    {"role": "user", "name": "alice", "content": SAMPLES[1]},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "lookup", "arguments": '{"q": "flights"}'},
-            }
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": SAMPLES[2]},
-    {"role": "assistant", "content": "Found 3 flights."},
-    {
-        "role": "user",
-        "content": [
+    user_message(SAMPLES[1], name="alice"),
+    assistant_calls("call_1", arguments='{"q": "flights"}'),
+    tool_result("call_1", SAMPLES[2]),
+    assistant_message("Found 3 flights."),
+    user_message(
+        [
             {"type": "text", "text": "And this?"},
             {"type": "image_url", "image_url": {"url": "https://x.test/i.png", "detail": "low"}},
-        ],
-    },
+        ]
+    ),
 ]
 
 

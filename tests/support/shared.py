@@ -1,6 +1,8 @@
-"""Where the material beside a checkout lives: ``../shared/tiktoken`` (tiktoken's encoding
-files, for machines that cannot download them) and ``../shared/data`` (the real
-conversations the full replay and the import test read)."""
+"""Where the tests' material lives: ``../shared/tiktoken`` beside the checkout (tiktoken's
+encoding files, for machines that cannot download them), ``../shared/data`` beside it (the
+full data set of real conversations the full replay and one import test read) and
+``tests/fixtures`` inside it (a small sample of those conversations, shipped with the
+tests)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ SHARED_DIR = REPO_ROOT.parent / "shared"
 DATA_DIR = SHARED_DIR / "data"
 DATA_FILES = ("agent_trajectories.jsonl.gz", "long_chats.jsonl.gz")
 TIKTOKEN_DIR = SHARED_DIR / "tiktoken"
+FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures"
+FIXTURE_CONVERSATIONS = FIXTURES_DIR / "conversations.jsonl"
 
 
 def use_tiktoken_cache() -> None:
