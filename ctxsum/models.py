@@ -74,7 +74,7 @@ class Conversation(models.Model):
             setattr(self, model_field.attname, getattr(other, model_field.attname))
 
 
-class MessageQuerySet(models.QuerySet):
+class MessageQuerySet(models.QuerySet["Message"]):
     def active(self) -> MessageQuerySet:
         """Messages of the active context: not archived, not replaced."""
         return self.filter(summary__isnull=True, replaced_at__isnull=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.tokens import context_tokens
@@ -71,7 +72,7 @@ class Reason(StrEnum):
 class PolicyError(ValueError):
     """A trigger or keep setting is malformed; ``field`` is ``"trigger"`` or ``"keep"``."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str | Promise) -> None:
         super().__init__(str(message))
         self.field = field
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.utils.text import format_lazy
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.exceptions import MessagesInvalid, TooLarge
@@ -107,7 +108,7 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def _is_text(value: Any, max_length: int | None = None) -> bool:
+def _is_text(value: Any, max_length: int | None = None) -> TypeGuard[str]:
     if not isinstance(value, str) or not value:
         return False
     return max_length is None or len(value) <= max_length
@@ -115,26 +116,26 @@ def _is_text(value: Any, max_length: int | None = None) -> bool:
 
 def _image_error(body: Mapping[str, Any]) -> str | None:
     if not _is_text(body.get("url")):
-        return _("needs image_url.url")
+        return gettext("needs image_url.url")
     if body.get("detail") not in (None, "auto", "low", "high"):
-        return _("image_url.detail must be auto, low or high")
+        return gettext("image_url.detail must be auto, low or high")
     return None
 
 
 def _audio_error(body: Mapping[str, Any]) -> str | None:
     if not _is_text(body.get("data")):
-        return _("needs input_audio.data")
+        return gettext("needs input_audio.data")
     if body.get("format") not in AUDIO_FORMATS:
-        return _("input_audio.format must be wav or mp3")
+        return gettext("input_audio.format must be wav or mp3")
     return None
 
 
 def _file_error(body: Mapping[str, Any]) -> str | None:
     if not (_is_text(body.get("file_data")) or _is_text(body.get("file_id"))):
-        return _("needs file.file_data or file.file_id")
+        return gettext("needs file.file_data or file.file_id")
     wrong = [key for key in PART_BODIES["file"] if key in body and not isinstance(body[key], str)]
     if wrong:
-        return _("file.{key} must be a string").format(key=wrong[0])
+        return gettext("file.{key} must be a string").format(key=wrong[0])
     return None
 
 
@@ -149,19 +150,23 @@ _BODY_ERRORS = {"image_url": _image_error, "input_audio": _audio_error, "file": 
 
 def _part_error(part: Any, allowed: tuple[str, ...]) -> str | None:
     if not isinstance(part, Mapping):
-        return _("must be an object")
+        return gettext("must be an object")
     kind = part.get("type")
     if kind not in allowed:
-        return _("type must be one of: {types}").format(types=", ".join(allowed))
+        return gettext("type must be one of: {types}").format(types=", ".join(allowed))
     if unknown := sorted(set(part) - {"type", kind}):
-        return _("unknown key(s) {names}").format(names=", ".join(unknown))
+        return gettext("unknown key(s) {names}").format(names=", ".join(unknown))
     body = part.get(kind)
     if kind in ("text", "refusal"):
-        return None if isinstance(body, str) else _("needs a string '{kind}'").format(kind=kind)
+        return (
+            None if isinstance(body, str) else gettext("needs a string '{kind}'").format(kind=kind)
+        )
     if not isinstance(body, Mapping):
-        return _("{kind} must be an object").format(kind=kind)
+        return gettext("{kind} must be an object").format(kind=kind)
     if unknown := sorted(set(body) - set(PART_BODIES[kind])):
-        return _("{kind} has unknown key(s) {names}").format(kind=kind, names=", ".join(unknown))
+        return gettext("{kind} has unknown key(s) {names}").format(
+            kind=kind, names=", ".join(unknown)
+        )
     return _BODY_ERRORS[kind](body)
 
 
@@ -182,7 +187,7 @@ def _content_errors(message: Mapping[str, Any], role: str) -> list[str]:
         return [str(CONTENT_EMPTY_LIST)]
     allowed = PART_TYPES.get(role, ("text",))
     return [
-        _("Part {index}: {error}.").format(index=index, error=error)
+        gettext("Part {index}: {error}.").format(index=index, error=error)
         for index, part in enumerate(content)
         if (error := _part_error(part, allowed))
     ]
@@ -190,15 +195,17 @@ def _content_errors(message: Mapping[str, Any], role: str) -> list[str]:
 
 def _function_errors(function: Any) -> list[str]:
     if not isinstance(function, Mapping):
-        return [_("function must be an object with name and arguments.")]
+        return [gettext("function must be an object with name and arguments.")]
     errors = []
     unknown = sorted(set(function) - {"name", "arguments"})
     if unknown:
-        errors.append(_("function has unknown field(s) {names}.").format(names=", ".join(unknown)))
+        errors.append(
+            gettext("function has unknown field(s) {names}.").format(names=", ".join(unknown))
+        )
     if not _is_text(function.get("name"), MAX_ID_LENGTH):
-        errors.append(_("function.name must be a non-empty string."))
+        errors.append(gettext("function.name must be a non-empty string."))
     if not isinstance(function.get("arguments"), str):
-        errors.append(_("function.arguments must be a string."))
+        errors.append(gettext("function.arguments must be a string."))
     return errors
 
 
@@ -206,20 +213,20 @@ def _call_errors(call: Any, seen: set[str]) -> list[str]:
     """What is wrong with one tool call; ``seen`` holds the ids of the message's earlier
     calls, and gains this one's."""
     if not isinstance(call, Mapping):
-        return [_("must be an object.")]
+        return [gettext("must be an object.")]
     errors = []
     unknown = sorted(set(call) - {"id", "type", "function"})
     if unknown:
-        errors.append(_("unknown field(s) {names}.").format(names=", ".join(unknown)))
+        errors.append(gettext("unknown field(s) {names}.").format(names=", ".join(unknown)))
     call_id = call.get("id")
     if not _is_text(call_id, MAX_ID_LENGTH):
-        errors.append(_("id {problem}").format(problem=str(TOOL_CALL_ID_TYPE).lower()))
+        errors.append(gettext("id {problem}").format(problem=str(TOOL_CALL_ID_TYPE).lower()))
     elif call_id in seen:
-        errors.append(_("id {id!r} is repeated within this message.").format(id=call_id))
+        errors.append(gettext("id {id!r} is repeated within this message.").format(id=call_id))
     else:
         seen.add(call_id)
     if call.get("type") != "function":
-        errors.append(_("type must be 'function'."))
+        errors.append(gettext("type must be 'function'."))
     return errors + _function_errors(call.get("function"))
 
 
@@ -228,7 +235,7 @@ def _tool_call_errors(tool_calls: Any) -> list[str]:
         return [str(TOOL_CALLS_TYPE)]
     seen: set[str] = set()
     return [
-        _("Call {index}: {error}").format(index=index, error=error)
+        gettext("Call {index}: {error}").format(index=index, error=error)
         for index, call in enumerate(tool_calls)
         for error in _call_errors(call, seen)
     ]

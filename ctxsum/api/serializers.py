@@ -20,7 +20,7 @@ POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
 # --------------------------------------------------------------------------- input
 
 
-class StrictSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer[Any]):
     """Rejects fields it does not declare, naming each one."""
 
     def to_internal_value(self, data: Any) -> Any:
@@ -81,7 +81,7 @@ class CompactInputSerializer(StrictSerializer):
 # --------------------------------------------------------------------------- output
 
 
-class SummaryOutputSerializer(serializers.ModelSerializer):
+class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
     covers = serializers.SerializerMethodField()
     previous_version = serializers.IntegerField(source="previous.version", allow_null=True)
 
@@ -105,7 +105,7 @@ class SummaryOutputSerializer(serializers.ModelSerializer):
         return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
 
 
-class MessageOutputSerializer(serializers.ModelSerializer):
+class MessageOutputSerializer(serializers.ModelSerializer[Message]):
     """A stored message: the OpenAI message plus where it stands in the conversation."""
 
     archived = serializers.SerializerMethodField()
@@ -126,7 +126,7 @@ class MessageOutputSerializer(serializers.ModelSerializer):
         return message.replaced_at is not None
 
 
-class ConversationOutputSerializer(serializers.ModelSerializer):
+class ConversationOutputSerializer(serializers.ModelSerializer[Conversation]):
     policy = serializers.SerializerMethodField()
     effective_policy = serializers.SerializerMethodField()
     active_tokens = serializers.IntegerField(source="context_tokens")
@@ -155,7 +155,7 @@ class ConversationOutputSerializer(serializers.ModelSerializer):
         return selectors.conversation_effective_policy(conversation)
 
 
-class ContextOutputSerializer(serializers.Serializer):
+class ContextOutputSerializer(serializers.Serializer[Any]):
     """The active context (a ``selectors.ActiveContext``), as it would be sent now."""
 
     messages = serializers.ListField(child=serializers.DictField())
@@ -188,7 +188,7 @@ class ConversationDetailOutputSerializer(ConversationOutputSerializer):
         return selectors.conversation_stats(conversation=conversation)
 
 
-class AutoCompactionOutputSerializer(serializers.Serializer):
+class AutoCompactionOutputSerializer(serializers.Serializer[Any]):
     """What the compaction after an append did (``services.AutoCompaction``)."""
 
     compacted = serializers.BooleanField()
@@ -198,7 +198,7 @@ class AutoCompactionOutputSerializer(serializers.Serializer):
     detail = serializers.CharField(allow_blank=True)
 
 
-class AppendOutputSerializer(serializers.Serializer):
+class AppendOutputSerializer(serializers.Serializer[Any]):
     """What an append stored (``services.Appended``); ``compaction`` only with AUTO_COMPACT."""
 
     messages = MessageOutputSerializer(many=True)
@@ -211,7 +211,7 @@ class AppendOutputSerializer(serializers.Serializer):
         return data
 
 
-class CompactionOutputSerializer(serializers.Serializer):
+class CompactionOutputSerializer(serializers.Serializer[Any]):
     """What a compaction did (``services.CompactionResult``); ``plan`` unless the trigger
     was not reached."""
 
@@ -219,7 +219,8 @@ class CompactionOutputSerializer(serializers.Serializer):
     reason = serializers.CharField()
     over_trigger = serializers.BooleanField()
     summary = SummaryOutputSerializer(allow_null=True)
-    context = ContextOutputSerializer()
+    # DRF takes declared fields off the class, so this does not shadow Serializer.context.
+    context = ContextOutputSerializer()  # type: ignore[assignment]
     plan = serializers.SerializerMethodField()
 
     def to_representation(self, instance: Any) -> dict[str, Any]:

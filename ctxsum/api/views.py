@@ -92,7 +92,7 @@ class Pagination(PageNumberPagination):
     max_page_size = 500
 
 
-class CtxsumView(GenericAPIView):
+class CtxsumView(GenericAPIView[Any]):
     """Shared behaviour: owner-scoped lookups, body limits, domain errors as HTTP errors."""
 
     pagination_class = Pagination
@@ -132,7 +132,7 @@ class CtxsumView(GenericAPIView):
         # Every other error: its detail and a stable code.
         detail = response.data.get("detail", "")
         code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
-        response.data = {**response.data, **error_body(detail, code)}
+        response.data = {**response.data, **error_body(detail, str(code))}
         if isinstance(exc, SummarizerFailed):
             # summarizer_error, or summary_truncated for an answer cut off at its limit.
             response.data["reason"] = str(exc.reason)
@@ -157,7 +157,7 @@ class CtxsumView(GenericAPIView):
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:
     """The service names ``trigger``/``keep``/…; over REST they live under ``policy``."""
-    errors = dict(error.message_dict)
+    errors: dict[str, Any] = dict(error.message_dict)
     nested = {key: errors.pop(key) for key in POLICY_KEYS if key in errors}
     if nested:
         errors["policy"] = nested

@@ -7,7 +7,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -62,10 +62,16 @@ def fields_clean(**fields: Any) -> None:
                 errors[name] = [str(NOT_AN_OBJECT)]
         elif not isinstance(value, str):
             errors[name] = [str(NOT_A_STRING)]
-        elif len(value) > (limit := Conversation._meta.get_field(name).max_length or len(value)):
+        elif len(value) > (limit := _max_length(name)):
             errors[name] = [TOO_LONG.format(limit=limit)]
     if errors:
         raise ValidationError(errors)
+
+
+def _max_length(name: str) -> int:
+    field = Conversation._meta.get_field(name)
+    assert isinstance(field, models.CharField) and field.max_length is not None
+    return field.max_length
 
 
 def _system_message(system: Any) -> dict[str, Any]:

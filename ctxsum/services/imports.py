@@ -67,7 +67,7 @@ def record_title(record: Mapping[str, Any]) -> str:
         if isinstance(content, str) and content.strip():
             text = " ".join(content.split())
             return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
-    return record["id"][:200]
+    return str(record["id"])[:200]
 
 
 def record_metadata(record: Mapping[str, Any]) -> dict[str, Any]:
