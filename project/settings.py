@@ -81,6 +81,24 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 
+# Errors reach the console with their tracebacks: Django's (django.request: every 500) and
+# ctxsum's own (ctxsum.api: an unexpected exception in a view; ctxsum.compaction: failed
+# compactions). CTXSUM_LOG_LEVEL sets ctxsum's level.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "django.request": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "ctxsum": {
+            "handlers": ["console"],
+            "level": env("CTXSUM_LOG_LEVEL", default="INFO"),
+            "propagate": False,
+        },
+    },
+}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",

@@ -8,3 +8,9 @@ urlpatterns = [
     path("api/", include("ctxsum.api.urls")),
     path("api-auth/", include("rest_framework.urls")),
 ]
+
+# JSON for what no view answers under the API's prefix (an unknown URL, a failure outside
+# a view); Django's own pages elsewhere.
+handler400 = "ctxsum.api.errors.bad_request"
+handler404 = "ctxsum.api.errors.page_not_found"
+handler500 = "ctxsum.api.errors.server_error"
