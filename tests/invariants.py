@@ -39,10 +39,10 @@ from typing import Any
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, Message, Summary
+from ctxsum.policy import LEADING_ROLES
 from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-LEADING_ROLES = ("system", "developer")
 
 
 @dataclass

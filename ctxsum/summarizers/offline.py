@@ -65,7 +65,7 @@ _LABELS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Block:
     role: str
     text: str
@@ -73,7 +73,7 @@ class _Block:
     calls: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Unit:
     """One kept sentence; consecutive units of a group render on one line."""
 
@@ -152,16 +152,16 @@ def _parse(history: str) -> tuple[str, list[_Block]]:
         position = match.end()
         tag, attrs, body = match.group(1), _attributes(match.group(2)), match.group(3)
         if tag == "tool-call":
-            blocks.append(_Block("assistant", "", calls=((attrs.get("name", ""), body),)))
+            blocks.append(_Block(role="assistant", text="", calls=((attrs.get("name", ""), body),)))
         elif tag == "tool-result":
-            blocks.append(_Block("tool", _unescape(body), name=attrs.get("name", "")))
+            blocks.append(_Block(role="tool", text=_unescape(body), name=attrs.get("name", "")))
         else:
             calls = tuple(
                 (_attributes(call.group(1)).get("name", ""), call.group(2))
                 for call in _TOOL_CALL.finditer(body)
             )
             text = _unescape(_TOOL_CALL.sub(" ", body))
-            blocks.append(_Block(tag, text, calls=calls))
+            blocks.append(_Block(role=tag, text=text, calls=calls))
     _add_stray_text(blocks, history[position:])
     return previous, blocks
 
@@ -169,7 +169,7 @@ def _parse(history: str) -> tuple[str, list[_Block]]:
 def _add_stray_text(blocks: list[_Block], text: str) -> None:
     text = _unescape(_STRAY_TAG.sub(" ", text))
     if text.strip():
-        blocks.append(_Block("text", text))
+        blocks.append(_Block(role="text", text=text))
 
 
 def _attributes(text: str) -> dict[str, str]:
@@ -189,7 +189,7 @@ def _previous_units(previous: str) -> list[_Unit]:
         bullet = _BULLET.match(line)
         prefix = bullet.group(0) if bullet else ""
         sentences = _sentences(line[len(prefix) :], clip=0)
-        units.extend(_Unit(group, prefix, sentence) for sentence in sentences)
+        units.extend(_Unit(group=group, prefix=prefix, text=sentence) for sentence in sentences)
     return units
 
 
@@ -208,11 +208,11 @@ def _fact_units(blocks: list[_Block]) -> list[_Unit]:
             key = " ".join(sentence.casefold().split())
             if key not in seen:
                 seen.add(key)
-                units.append(_Unit(group * 1000, prefix, sentence))
+                units.append(_Unit(group=group * 1000, prefix=prefix, text=sentence))
         for offset, (name, arguments) in enumerate(block.calls, start=1):
             arguments = _clip(" ".join(_unescape(arguments).split()), MAX_ARGUMENT_CHARS)
             call = f"{name or 'tool'}({arguments})"
-            units.append(_Unit(group * 1000 + offset, "- Called ", call))
+            units.append(_Unit(group=group * 1000 + offset, prefix="- Called ", text=call))
     if units:
         return units
     # Nothing qualified: keep the first sentence of each user message (of each message,
@@ -223,7 +223,7 @@ def _fact_units(blocks: list[_Block]) -> list[_Unit]:
                 first = next(_sentences(block.text), None)
                 if first:
                     label = _LABELS.get(block.role, block.role.capitalize())
-                    units.append(_Unit(group * 1000, f"- {label}: ", first))
+                    units.append(_Unit(group=group * 1000, prefix=f"- {label}: ", text=first))
         if units:
             break
     return units
