@@ -31,6 +31,7 @@ MAX_ID_LENGTH = 255
 MAX_NAME_LENGTH = 100
 
 NOT_AN_OBJECT = _("Expected a JSON object.")
+NOT_A_STRING = _("Must be a string.")
 REQUIRED = _("This field is required.")
 UNKNOWN_FIELD = _("Unknown field.")
 BAD_ROLE = _("Must be one of: system, developer, user, assistant, tool.")

@@ -230,3 +230,14 @@ def test_an_id_only_in_its_canonical_form(api, conversation, spelling):
     response = api.get(reverse("ctxsum:conversation-detail", kwargs={"pk": other}))
     assert response.status_code == 404
     assert response.json() == {"detail": "No such conversation.", "code": "not_found"}
+
+
+def test_errors_of_a_create_name_the_index_the_client_sent(api):
+    """The system prompt goes first in the conversation, not in the client's list."""
+    orphan = {"role": "tool", "tool_call_id": "call_nobody_made", "content": "42"}
+    body = {"system": "Sys.", "messages": [{"role": "user", "content": "hi"}, orphan]}
+    response = api.post(reverse("ctxsum:conversation-list"), body, format="json")
+    assert response.status_code == 400
+    assert response.json()["messages"][0] == {}
+    assert "tool_call_id" in response.json()["messages"][1]
+    assert not Conversation.objects.exists()

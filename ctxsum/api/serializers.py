@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils.translation import gettext_lazy as _
 from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import Reason
-from ctxsum.validation import UNKNOWN_FIELD, field_name
+from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
 
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
 
@@ -35,7 +34,7 @@ class StrictSerializer(serializers.Serializer[Any]):
 class StringField(serializers.CharField):
     """A CharField that takes only JSON strings: DRF's own turns 123 into "123"."""
 
-    default_error_messages = {"invalid": _("Must be a string.")}
+    default_error_messages = {"invalid": NOT_A_STRING}
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):

@@ -15,17 +15,10 @@ from ctxsum import policy as policy_rules
 from ctxsum.models import Conversation, Message
 from ctxsum.selectors import effective_policy
 from ctxsum.services.autocompact import conversation_autocompact
-from ctxsum.services.messages import (
-    message_rows,
-    messages_clean,
-    messages_count,
-    messages_store,
-    tool_results_check,
-)
+from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
-from ctxsum.validation import unstorable
+from ctxsum.validation import NOT_A_STRING, unstorable
 
-NOT_A_STRING = _("Must be a string.")
 NOT_AN_OBJECT = _("Must be an object.")
 TOO_LONG = _("Must be at most {limit} characters.")
 SYSTEM_AND_LEADING = _("Give the system prompt either as `system` or as a leading system message.")
@@ -120,10 +113,8 @@ def conversation_create(
     db = write_db(conversation)
     with transaction.atomic(using=db):
         conversation.save(using=db)
-        if cleaned:
-            tool_results_check(conversation, cleaned)
         if leading or cleaned:
-            messages_store(conversation, message_rows(conversation, leading + cleaned, counts))
+            messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
     # First messages are an append too: AUTO_COMPACT applies once they have committed.
     if cleaned:
         conversation_autocompact(conversation=conversation)
@@ -148,9 +139,7 @@ def _replace_system(conversation: Conversation, system: str) -> bool:
         old.save(update_fields=["replaced_at"])
         conversation.active_message_count -= 1
         conversation.active_tokens -= old.token_count
-    (row,) = message_rows(conversation, cleaned, counts)
-    row.is_leading = True
-    messages_store(conversation, [row])
+    messages_insert(conversation, [], counts, leading=cleaned[0])
     return True
 
 

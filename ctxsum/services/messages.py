@@ -161,6 +161,24 @@ def message_rows(
     return rows
 
 
+def messages_insert(
+    conversation: Conversation,
+    cleaned: Sequence[Mapping[str, Any]],
+    counts: Sequence[int],
+    *,
+    leading: Mapping[str, Any] | None = None,
+) -> list[Message]:
+    """Store ``cleaned`` after the conversation's last message, behind ``leading`` (a new
+    leading system message) when given; ``counts`` covers ``leading`` first. Tool results
+    are checked first, errors indexed as in ``cleaned``. The caller holds the row lock."""
+    tool_results_check(conversation, cleaned)
+    batch = list(cleaned) if leading is None else [leading, *cleaned]
+    rows = message_rows(conversation, batch, counts)
+    if leading is not None:
+        rows[0].is_leading = True
+    return messages_store(conversation, rows)
+
+
 def messages_store(conversation: Conversation, rows: list[Message]) -> list[Message]:
     """Insert ``rows`` and move the counters of ``conversation``, which the caller has locked."""
     db = conversation._state.db
@@ -210,8 +228,7 @@ def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> Ap
     db = write_db(conversation)
     with transaction.atomic(using=db):
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
-        tool_results_check(locked, cleaned)
-        rows = messages_store(locked, message_rows(locked, cleaned, counts))
+        rows = messages_insert(locked, cleaned, counts)
         send = partial(
             messages_appended.send, sender=Conversation, conversation=locked, messages=rows
         )
