@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from ctxsum import policy
@@ -133,6 +134,25 @@ def _lease_warnings() -> list[CheckMessage]:
     return []
 
 
+def _body_limit_errors() -> list[CheckMessage]:
+    """Django refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE before ctxsum sees it: a
+    smaller value than MAX_BODY_BYTES makes the documented limit a lie."""
+    upload: object = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # None turns Django's check off
+    limit = ctxsum_settings.MAX_BODY_BYTES
+    if isinstance(upload, int) and upload < limit:
+        return [
+            Error(
+                f"DATA_UPLOAD_MAX_MEMORY_SIZE ({upload}) is below CTXSUM['MAX_BODY_BYTES'] "
+                f"({limit}): Django refuses request bodies between the two before ctxsum reads "
+                "them.",
+                hint="Set DATA_UPLOAD_MAX_MEMORY_SIZE to at least MAX_BODY_BYTES (or lower "
+                "MAX_BODY_BYTES to it).",
+                id="ctxsum.E013",
+            )
+        ]
+    return []
+
+
 def _summarizer_errors() -> list[CheckMessage]:
     from ctxsum.summarizers import Summarizer, get_summarizer
 
@@ -189,5 +209,6 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         ]
     errors = _policy_errors() + _number_errors()
     if not errors:
-        errors += _input_budget_errors() + _lease_warnings() + _summarizer_errors()
+        errors += _input_budget_errors() + _body_limit_errors() + _lease_warnings()
+        errors += _summarizer_errors()
     return errors + _encoding_warnings()

@@ -215,3 +215,13 @@ def test_encoding_is_back_after_the_outage() -> None:
 def test_unknown_encoding_setting_warns() -> None:
     messages = ctxsum_messages(ENCODING="no_such_base")
     assert [m.id for m in messages] == ["ctxsum.W001"]
+
+
+@pytest.mark.parametrize(
+    ("upload", "ids"),
+    [(2_621_440, ["ctxsum.E013"]), (8 * 1024 * 1024, []), (None, [])],
+)
+def test_djangos_upload_limit_must_not_undercut_max_body_bytes(settings, upload, ids) -> None:
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = upload  # 2.5 MiB is Django's default
+    assert ctxsum_ids() == ids
+    assert ctxsum_ids(MAX_BODY_BYTES=1_000_000) == []

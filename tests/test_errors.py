@@ -86,3 +86,36 @@ def test_a_body_that_is_not_json_is_a_json_400(api, conversation):
     url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
     response = api.generic("POST", url, "{not json", content_type="application/json")
     assert_json_error(response, 400, "parse_error")
+
+
+@pytest.mark.parametrize("method", ["post", "patch"])
+def test_a_chunked_body_is_refused_not_ignored(api, conversation, method):
+    urls = {
+        "post": reverse("ctxsum:conversation-list"),
+        "patch": reverse("ctxsum:conversation-detail", kwargs={"pk": conversation.pk}),
+    }
+    count, revision = type(conversation).objects.count(), conversation.revision
+    response = api.generic(
+        method.upper(),
+        urls[method],
+        json.dumps({"title": "chunked"}),
+        content_type="application/json",
+        HTTP_TRANSFER_ENCODING="chunked",
+    )
+    assert_json_error(response, 411, "length_required")
+    assert type(conversation).objects.count() == count
+    conversation.refresh_from_db()
+    assert conversation.revision == revision and conversation.title == ""
+
+
+def test_a_body_over_django_upload_limit_is_a_json_413(api, conversation, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+    response = api.post(url, {"role": "user", "content": "x" * 2000}, format="json")
+    assert_json_error(response, 413, "too_large")
+
+
+def test_the_example_project_accepts_bodies_up_to_max_body_bytes(settings):
+    from ctxsum.conf import ctxsum_settings
+
+    assert settings.DATA_UPLOAD_MAX_MEMORY_SIZE >= ctxsum_settings.MAX_BODY_BYTES

@@ -59,6 +59,12 @@ class PayloadTooLarge(exceptions.APIException):
     default_code = "too_large"
 
 
+class LengthRequired(exceptions.APIException):
+    status_code = status.HTTP_411_LENGTH_REQUIRED
+    default_detail = _("Send the request body with a Content-Length, not chunked.")
+    default_code = "length_required"
+
+
 class SummarizerFailed(exceptions.APIException):
     status_code = status.HTTP_502_BAD_GATEWAY
     default_detail = _("The summarizer failed; nothing was changed.")
@@ -111,6 +117,10 @@ class CtxsumView(GenericAPIView[Any]):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
+        # Under WSGI a chunked body has no CONTENT_LENGTH, and Django reads it as empty:
+        # refused, never taken for an empty request.
+        if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+            raise LengthRequired
         limit = ctxsum_settings.MAX_BODY_BYTES
         size = int(request.META.get("CONTENT_LENGTH") or 0)
         if size > limit:
