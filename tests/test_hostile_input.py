@@ -241,3 +241,17 @@ def test_errors_of_a_create_name_the_index_the_client_sent(api):
     assert response.json()["messages"][0] == {}
     assert "tool_call_id" in response.json()["messages"][1]
     assert not Conversation.objects.exists()
+
+
+def test_patch_policy_null_resets_every_override(api, user):
+    from ctxsum.conf import ctxsum_settings
+
+    policy = {"trigger": {"messages": 30}, "keep": {"messages": 5}, "max_context_tokens": 900}
+    conversation = conversation_create(owner=user, **policy)
+    url = reverse("ctxsum:conversation-detail", kwargs={"pk": conversation.pk})
+    response = api.patch(url, {"policy": None}, format="json")
+    assert response.status_code == 200, response.json()
+    data = response.json()
+    assert data["policy"] == {"trigger": None, "keep": None, "max_context_tokens": None}
+    assert data["effective_policy"]["trigger"] == ctxsum_settings.TRIGGER
+    assert data["revision"] == conversation.revision + 1

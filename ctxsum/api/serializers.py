@@ -58,7 +58,7 @@ class ConversationInputSerializer(StrictSerializer):
     system = StringField(allow_blank=True, trim_whitespace=False, required=False)
     metadata = serializers.DictField(required=False)
     model = StringField(allow_blank=True, trim_whitespace=False, required=False)
-    policy = PolicyInputSerializer(required=False)
+    policy = PolicyInputSerializer(required=False, allow_null=True)  # null: all defaults
 
 
 class ConversationCreateInputSerializer(ConversationInputSerializer):

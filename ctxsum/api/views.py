@@ -175,9 +175,12 @@ def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationEr
 
 
 def _service_fields(validated: dict[str, Any]) -> dict[str, Any]:
-    """The validated input as the service's keyword arguments: the policy's keys flattened."""
+    """The validated input as the service's keyword arguments: the policy's keys flattened;
+    ``"policy": null`` resets all of them to the settings' defaults."""
     fields = dict(validated)
-    fields.update(fields.pop("policy", None) or {})
+    if "policy" in fields:
+        policy = fields.pop("policy")
+        fields.update(dict.fromkeys(POLICY_KEYS) if policy is None else policy)
     return fields
 
 
