@@ -1,0 +1,143 @@
+"""The coverage check (ctxsum/coverage.py): what counts as a fact, in the languages of the
+real conversations, and when a summary holds it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ctxsum.coverage import coverage, facts_found, message_texts
+from tests.support.shared import FIXTURE_CONVERSATIONS
+
+
+def kinds(text: str) -> dict[str, str]:
+    return {fact: kind for kind, fact in facts_found([text])}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # English
+        (
+            "Flight AI-101 leaves on October 20 for 2 adults.",
+            {"AI-101": "identifier", "October 20": "date"},
+        ),
+        (
+            "Your reservation 8JX2QZ costs $1,200.50 in total.",
+            {"8JX2QZ": "identifier", "$1,200.50": "amount"},
+        ),
+        (
+            "Write to help@northwind.example by 2024-05-01.",
+            {"help@northwind.example": "email", "2024-05-01": "date"},
+        ),
+        ("The bag weighs 23 kg, ticket #4521.", {"23": "number", "#4521": "identifier"}),
+        ("I met Ana and the team from New York.", {"Ana": "name", "New York": "name"}),
+        # Spanish
+        (
+            "Su reclamo T-1001 vence el 20 de octubre; pague 30 EUR.",
+            {"T-1001": "identifier", "20 de octubre": "date", "30 EUR": "amount"},
+        ),
+        (
+            "Llame al 01-800-1234 y pregunte por José Martínez.",
+            {"01-800-1234": "identifier", "José Martínez": "name"},
+        ),
+        # French
+        (
+            "Le colis 7QK-88 arrive le 3 mars chez Élodie Dupont.",
+            {"7QK-88": "identifier", "3 mars": "date", "Élodie Dupont": "name"},
+        ),
+        # German capitalises every noun: nouns count as names too (a known over-count).
+        (
+            "Die Rechnung vom 12.03.2024 über 99,90 € ging an Jürgen.",
+            {"Rechnung": "name", "12.03.2024": "date", "99,90 €": "amount", "Jürgen": "name"},
+        ),
+        # Tool call arguments and ids
+        (
+            '{"order_id": "W2378156", "call": "call_lookup_01"}',
+            {"W2378156": "identifier", "call_lookup_01": "identifier"},
+        ),
+    ],
+)
+def test_what_counts_as_a_fact(text, expected):
+    assert kinds(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "not_a_fact"),
+    [
+        ("Hello there. Yes, I can.", "Hello"),  # a sentence's first word
+        ("Okay, I see. Monday works.", "Monday"),  # weekdays and function words
+        ("Room 5 is free.", "5"),  # a lone digit says little
+        ("¿Puedo viajar mañana?", "Puedo"),
+    ],
+)
+def test_what_is_not_a_fact(text, not_a_fact):
+    assert not_a_fact not in kinds(text)
+
+
+def test_a_fact_is_found_once_whatever_its_case_or_spacing():
+    facts = facts_found(["Meet in New York.", "Then NEW YORK again", "new   york"])
+    assert [fact for _, fact in facts].count("New York") == 1
+
+
+def test_presence_ignores_case_and_how_a_number_is_written():
+    covered = ["Refund of $1,200.50 for order W2378156 to Ana in Delhi."]
+    result = coverage(covered, "ana (delhi) got 1200.50 back for w2378156.")
+    assert result.ratio == 1.0 and not result.missing
+
+
+def test_what_the_summary_lost_is_listed_missing():
+    covered = ["Order W2378156 ships to Ana in Delhi on 2024-05-01."]
+    result = coverage(covered, "Ana's order ships soon.")
+    assert {fact.text for fact in result.missing} == {"W2378156", "Delhi", "2024-05-01"}
+    assert result.ratio == pytest.approx(1 / 4)
+    assert result.as_json()[0] == {"kind": "identifier", "text": "W2378156", "present": False}
+
+
+def test_no_facts_means_no_ratio():
+    assert coverage(["hi", "ok thanks"], "a greeting").ratio is None
+
+
+def test_message_texts_read_content_parts_tool_arguments_and_refusals():
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "see AB-12"},
+                {"type": "image_url", "image_url": {"url": "u"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": '{"id": "ZZ-9"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "found ZZ-9"},
+        {"role": "assistant", "content": None, "refusal": "Not for QQ-7."},
+    ]
+    assert message_texts(messages) == ["see AB-12", '{"id": "ZZ-9"}', "found ZZ-9", "Not for QQ-7."]
+
+
+def test_real_conversations_are_fully_covered_by_their_own_text():
+    """A summary that repeats everything misses nothing: on every shipped conversation."""
+    for line in FIXTURE_CONVERSATIONS.read_text().splitlines():
+        texts = message_texts(json.loads(line)["messages"])
+        result = coverage(texts, "\n".join(texts))
+        assert result.facts, "a real conversation always has some facts"
+        assert result.ratio == 1.0, result.missing[:5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=80), max_size=5))
+def test_any_text_covers_itself(texts):
+    result = coverage(texts, "\n".join(texts))
+    assert not result.missing
