@@ -1,10 +1,11 @@
 """Replay a deterministic subset of the real conversations (../shared/data) through the
-benchmark's own replay code (bench/replay.py): one message appended at a time, a compaction
-attempted after every append, the shared invariants (tests/invariants.py) checked after every
-step, no context larger than the full history, and each compaction's summary metadata (and
-what the summarizer was sent) checked by the replay and again here.
+benchmark's own replay code (tests/support/replay.py, which ``python -m bench.replay`` runs):
+one message appended at a time, a compaction attempted after every append, the shared
+invariants (tests/invariants.py) checked after every step, no context larger than the full
+history, and each compaction's summary metadata (and what the summarizer was sent) checked by
+the replay and again here.
 
-The full replay with ``--check`` is ``python bench/replay.py --check`` (what CI runs).
+The full replay with ``--check`` is ``python -m bench.replay --check`` (what CI runs).
 """
 
 from __future__ import annotations
@@ -13,38 +14,28 @@ import collections
 import functools
 import gzip
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ctxsum.summarizers.offline import OfflineSummarizer
 from tests.invariants import assert_context_invariants
+from tests.support.replay import TRIGGER, ReplayViolation, query_scaling, replay_conversation
+from tests.support.replay_data import iter_records
+from tests.support.replay_django import OFFLINE_SUMMARIZER
+from tests.support.replay_report import build_report
+from tests.support.replay_stats import ReplayStats, percentile
+from tests.support.shared import DATA_DIR, DATA_FILES, REPO_ROOT, data_present
+from tests.support.summarizer_calls import summarizer_calls
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-REPLAY_PATH = REPO_ROOT / "bench" / "replay.py"
-
-
-def _load_replay() -> Any:
-    spec = importlib.util.spec_from_file_location("ctxsum_bench_replay", REPLAY_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-replay = _load_replay()
-AGENTS, CHATS = replay.DATA_FILES
-DATA_MISSING = not all((replay.DATA_DIR / name).is_file() for name in replay.DATA_FILES)
+AGENTS, CHATS = DATA_FILES
 
 pytestmark = pytest.mark.skipif(
-    DATA_MISSING, reason=f"the real conversations are not there: {replay.DATA_DIR}"
+    not data_present(), reason=f"the real conversations are not there: {DATA_DIR}"
 )
 
 
@@ -53,7 +44,7 @@ pytestmark = pytest.mark.skipif(
 
 @functools.cache
 def records(name: str) -> tuple[dict[str, Any], ...]:
-    return tuple(record for _, record in replay.iter_records(replay.DATA_DIR, [name]))
+    return tuple(record for _, record in iter_records(DATA_DIR, [name]))
 
 
 def tool_calls(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -119,10 +110,10 @@ def replay_all(subset: Sequence[Mapping[str, Any]], owner: Any) -> Any:
     """Replay ``subset`` with the invariants after every step and no context allowed to
     cost more than the full history; check each conversation's summaries; return the
     stats."""
-    stats = replay.ReplayStats()
+    stats = ReplayStats()
     for record in subset:
         before = stats.compactions
-        conversation = replay.replay_conversation(
+        conversation = replay_conversation(
             record, owner=owner, stats=stats, checker=assert_context_invariants, check_size=True
         )
         assert_summaries(conversation, compactions=stats.compactions - before)
@@ -174,7 +165,7 @@ def offline(settings):
     (the replay compacts after every append itself)."""
     settings.CTXSUM = {
         **settings.CTXSUM,
-        "SUMMARIZER": replay.OFFLINE_SUMMARIZER,
+        "SUMMARIZER": OFFLINE_SUMMARIZER,
         "AUTO_COMPACT": False,
     }
 
@@ -241,12 +232,12 @@ def test_long_chats(user, offline):
     stats = replay_all(subset, user)
     assert stats.compactions >= 10
     # Short human turns: the summary is large next to them, but the context still shrinks.
-    assert replay.percentile(stats.reductions, 50) > 0.1
+    assert percentile(stats.reductions, 50) > 0.1
 
 
 @pytest.mark.django_db
 def test_one_shot_compactions_take_the_same_queries_whatever_their_size(user, offline):
-    rows = replay.query_scaling(looping_run(), owner=user, checker=assert_context_invariants)
+    rows = query_scaling(looping_run(), owner=user, checker=assert_context_invariants)
     assert [row["archived"] for row in rows] == sorted({row["archived"] for row in rows})
     assert rows[-1]["archived"] >= 128
     assert {row["message_updates"] for row in rows} == {1}
@@ -265,7 +256,7 @@ def test_the_stored_model_is_the_one_sent(user, offline, settings):
     (here the settings' default), stored under it, and the replay's checks agree."""
     settings.CTXSUM = {**settings.CTXSUM, "SUMMARY_MODEL": "", "DEFAULT_MODEL": "gpt-4.1"}
     record = long_chats()[1]
-    with replay.summarizer_calls() as calls:
+    with summarizer_calls() as calls:
         stats = replay_all([record], user)
     assert stats.compactions > 0
     assert {call.model for call in calls} == {"gpt-4.1"}
@@ -285,7 +276,7 @@ def test_summaries_that_are_no_smaller_are_skipped_as_no_gain(user, verbose):
     assert stats.reasons["no_gain"] > 0
     assert stats.no_gain_summarized > 0 and stats.no_gain_not_sent > 0
     assert stats.summarizer_calls == stats.no_gain_summarized
-    report = replay.build_report(stats)
+    report = build_report(stats)
     assert report["no_gain_skips"] == stats.reasons["no_gain"]
     assert report["steps_with_context_over_full_history"] == 0
     # Nothing was compacted, so the context still reaches the trigger.
@@ -305,14 +296,14 @@ def test_a_context_larger_than_the_history_is_counted_and_stops_a_checked_replay
 
     monkeypatch.setattr(compaction, "_check_gain", lambda *args: None)
     # The summary check would name the missing gain first: let the size check see it.
-    monkeypatch.setattr(replay, "summary_problems", lambda *args, **kwargs: [])
+    monkeypatch.setattr("tests.support.replay.summary_problems", lambda *args, **kwargs: [])
     record = long_chats()[0]
-    stats = replay.ReplayStats()
-    replay.replay_conversation(record, owner=user, stats=stats)
+    stats = ReplayStats()
+    replay_conversation(record, owner=user, stats=stats)
     assert stats.compactions > 0 and stats.context_over_history > 0
-    with pytest.raises(replay.ReplayViolation) as caught:
-        replay.replay_conversation(record, owner=user, check_size=True)
-    assert caught.value.step == replay.TRIGGER["messages"]  # the first compaction
+    with pytest.raises(ReplayViolation) as caught:
+        replay_conversation(record, owner=user, check_size=True)
+    assert caught.value.step == TRIGGER["messages"]  # the first compaction
     assert "more than the" in caught.value.problem
 
 
@@ -322,9 +313,9 @@ def test_a_summary_without_gain_stops_the_replay(user, verbose, monkeypatch):
 
     monkeypatch.setattr(compaction, "_check_gain", lambda *args: None)
     record = long_chats()[0]
-    with pytest.raises(replay.ReplayViolation) as caught:
-        replay.replay_conversation(record, owner=user)
-    assert caught.value.step == replay.TRIGGER["messages"]
+    with pytest.raises(ReplayViolation) as caught:
+        replay_conversation(record, owner=user)
+    assert caught.value.step == TRIGGER["messages"]
     assert "(no gain)" in caught.value.problem
 
 
@@ -334,9 +325,9 @@ def test_a_wrong_model_stops_the_replay(user, offline, monkeypatch):
 
     monkeypatch.setattr(compaction, "summary_model", lambda conversation: "some-other-model")
     record = long_chats()[0]
-    with pytest.raises(replay.ReplayViolation) as caught:
-        replay.replay_conversation(record, owner=user)
-    assert caught.value.step == replay.TRIGGER["messages"]
+    with pytest.raises(ReplayViolation) as caught:
+        replay_conversation(record, owner=user)
+    assert caught.value.step == TRIGGER["messages"]
     assert "'some-other-model'" in caught.value.problem
 
 
@@ -346,10 +337,10 @@ def test_a_wrong_prompt_hash_stops_the_replay(user, offline, monkeypatch):
 
     monkeypatch.setattr(compaction, "prompt_sha256", lambda prompt: "0" * 64)
     record = long_chats()[0]
-    with pytest.raises(replay.ReplayViolation) as caught:
-        replay.replay_conversation(record, owner=user)
+    with pytest.raises(ReplayViolation) as caught:
+        replay_conversation(record, owner=user)
     assert caught.value.conversation_id == record["id"]
-    assert caught.value.step == replay.TRIGGER["messages"]  # the first compaction
+    assert caught.value.step == TRIGGER["messages"]  # the first compaction
     assert "prompt_sha256" in caught.value.problem
 
 
@@ -360,8 +351,8 @@ def test_an_invariant_violation_names_conversation_and_step(user, offline):
     def checker(conversation: Any, *, original_messages: Sequence[Any]) -> None:
         assert len(original_messages) < 5, "broken on purpose"
 
-    with pytest.raises(replay.ReplayViolation) as caught:
-        replay.replay_conversation(record, owner=user, checker=checker)
+    with pytest.raises(ReplayViolation) as caught:
+        replay_conversation(record, owner=user, checker=checker)
     assert (caught.value.conversation_id, caught.value.step) == (record["id"], 5)
     assert "broken on purpose" in str(caught.value)
 
@@ -371,7 +362,7 @@ def test_an_invariant_violation_names_conversation_and_step(user, offline):
 
 def run_script(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(REPLAY_PATH), *args],
+        [sys.executable, "-m", "bench.replay", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -408,7 +399,7 @@ def test_script_exits_0_and_writes_results(tmp_path):
 
 
 def test_script_exits_1_on_a_violation(tmp_path):
-    with gzip.open(replay.DATA_DIR / CHATS, "rt") as lines:
+    with gzip.open(DATA_DIR / CHATS, "rt") as lines:
         record = json.loads(lines.readline())
     bad = {"role": "tool", "tool_call_id": "call_nobody_made", "content": "42"}
     record["messages"] = [*record["messages"][:3], bad, *record["messages"][3:]]

@@ -1,0 +1,145 @@
+"""What a replay counts and measures, shard by shard (ReplayStats, merged across worker
+processes), and the small statistics its report is made of. No Django: the parent
+process merges and reports what its workers sent back."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Token reduction is reported over the steps from this turn on (turn = messages appended).
+REDUCTION_FROM_TURN = 20
+
+MESSAGE_UPDATE = re.compile(r"""^\s*UPDATE\s+[`"]?ctxsum_message[`"]?\s""", re.IGNORECASE)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between the closest ranks."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def distribution(values: Sequence[float], *, scale: float = 1.0, digits: int = 4) -> dict[str, Any]:
+    """n, min, median, mean, p95 and max of ``values`` times ``scale``, rounded."""
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "min": round(min(values) * scale, digits),
+        "median": round(percentile(values, 50) * scale, digits),
+        "mean": round(sum(values) / len(values) * scale, digits),
+        "p95": round(percentile(values, 95) * scale, digits),
+        "max": round(max(values) * scale, digits),
+    }
+
+
+def compaction_kind(*, version: int, archived: Sequence[Any], calls: Sequence[Any]) -> str:
+    """What decides which statements a compaction runs, not how many messages it archives:
+    a first summary or a later one (which deactivates its predecessor), whether the
+    archived range holds tool calls (one EXISTS for results that arrived meanwhile), and
+    summarizer calls past the first (one lease renewal each)."""
+    kind = "first" if version == 1 else "later"
+    if any(row.tool_calls for row in archived):
+        kind += ", tool calls archived"
+    if len(calls) > 1:
+        kind += f", {len(calls)} summarizer calls"
+    return kind
+
+
+def message_updates(queries: Sequence[Mapping[str, Any]]) -> int:
+    """How many of the captured queries are UPDATEs of ctxsum_message."""
+    return sum(1 for query in queries if MESSAGE_UPDATE.match(query["sql"]))
+
+
+@dataclass
+class ReplayStats:
+    """Everything one replay (or one shard of it) counted; ``merge`` adds another shard."""
+
+    conversations: int = 0
+    messages: int = 0
+    compactions: int = 0
+    per_file: dict[str, Counter] = field(default_factory=dict)
+    # Every compact call by its reason (compacted, below_trigger, no_gain, ...).
+    reasons: Counter = field(default_factory=Counter)
+    # Compact calls whose context still reached the trigger afterwards, by reason.
+    over_trigger: Counter = field(default_factory=Counter)
+    # no_gain skips: after a summarizer call whose summary was not smaller / without a call
+    # (the same range, or a shorter one from the same start, was rejected before).
+    no_gain_summarized: int = 0
+    no_gain_not_sent: int = 0
+    summarizer_calls: int = 0
+    summary_budgets: list[int] = field(default_factory=list)
+    # Tokens of each committed summary as a context message / of what it replaced.
+    summary_ratios: list[float] = field(default_factory=list)
+    # 1 - context tokens / full history tokens, at every step from REDUCTION_FROM_TURN on.
+    reductions: list[float] = field(default_factory=list)
+    final_reductions: list[float] = field(default_factory=list)
+    reductions_by_file: dict[str, list[float]] = field(default_factory=dict)
+    archived: list[int] = field(default_factory=list)
+    compaction_queries: list[int] = field(default_factory=list)
+    compaction_message_updates: list[int] = field(default_factory=list)
+    queries_by_archived: dict[int, Counter] = field(default_factory=dict)
+    # By what changes the statements a compaction runs (see compaction_kind).
+    queries_by_kind: dict[str, Counter] = field(default_factory=dict)
+    # Compact calls that compacted nothing: queries and seconds, by reason.
+    skipped_queries: dict[str, Counter] = field(default_factory=dict)
+    skipped_seconds: dict[str, list[float]] = field(default_factory=dict)
+    append_queries: Counter = field(default_factory=Counter)
+    append_seconds: list[float] = field(default_factory=list)
+    compaction_seconds: list[float] = field(default_factory=list)
+    check_seconds: float = 0.0
+    max_active_messages: int = 0
+    # Steps whose context costs more than sending the whole history would (all turns).
+    context_over_history: int = 0
+
+    # How ``merge`` combines each field (max_active_messages: the larger).
+    SUMS = (
+        "conversations",
+        "messages",
+        "compactions",
+        "no_gain_summarized",
+        "no_gain_not_sent",
+        "summarizer_calls",
+        "check_seconds",
+        "context_over_history",
+    )
+    COUNTERS = ("reasons", "over_trigger", "append_queries")
+    LISTS_BY_KEY = ("reductions_by_file", "skipped_seconds")
+    COUNTERS_BY_KEY = ("per_file", "queries_by_archived", "queries_by_kind", "skipped_queries")
+    LISTS = (
+        "summary_budgets",
+        "summary_ratios",
+        "reductions",
+        "final_reductions",
+        "archived",
+        "compaction_queries",
+        "compaction_message_updates",
+        "append_seconds",
+        "compaction_seconds",
+    )
+
+    def merge(self, other: ReplayStats) -> None:
+        """Add ``other`` (another job's shard) into this one."""
+        for name in self.SUMS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_active_messages = max(self.max_active_messages, other.max_active_messages)
+        for name in self.COUNTERS:
+            getattr(self, name).update(getattr(other, name))
+        for name in self.LISTS_BY_KEY:
+            mine = getattr(self, name)
+            for key, values in getattr(other, name).items():
+                mine.setdefault(key, []).extend(values)
+        for name in self.COUNTERS_BY_KEY:
+            mine = getattr(self, name)
+            for key, values in getattr(other, name).items():
+                mine.setdefault(key, Counter()).update(values)
+        for name in self.LISTS:
+            getattr(self, name).extend(getattr(other, name))
