@@ -50,4 +50,4 @@ check: venv
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
 bench: venv
-	$(BIN)/python bench/replay.py
+	$(BIN)/python -m bench.replay

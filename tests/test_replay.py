@@ -321,9 +321,9 @@ def test_a_summary_without_gain_stops_the_replay(user, verbose, monkeypatch):
 
 @pytest.mark.django_db
 def test_a_wrong_model_stops_the_replay(user, offline, monkeypatch):
-    from ctxsum.services import compaction
+    from ctxsum.services import summaries
 
-    monkeypatch.setattr(compaction, "summary_model", lambda conversation: "some-other-model")
+    monkeypatch.setattr(summaries, "summary_model", lambda conversation: "some-other-model")
     record = long_chats()[0]
     with pytest.raises(ReplayViolation) as caught:
         replay_conversation(record, owner=user)

@@ -18,10 +18,10 @@ from django.db import connection, reset_queries
 from django.test.utils import CaptureQueriesContext
 
 from ctxsum import tokens
-from ctxsum.policy import Reason
+from ctxsum.policy import LEADING_ROLES, Reason
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import conversation_create
-from ctxsum.services.messages import LEADING_ROLES, message_append
+from ctxsum.services.messages import message_append
 from tests import invariants
 from tests.support.replay_checks import no_gain_problems, replaced_tokens, summary_problems
 from tests.support.replay_stats import (

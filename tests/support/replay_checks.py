@@ -17,7 +17,7 @@ from ctxsum.selectors import summary_message
 
 # Bound here at import, not looked up on the compaction module at call time: a test that
 # swaps the engine's helper for a broken one must still be caught by these checks.
-from ctxsum.services.compaction import prompt_sha256, summary_model
+from ctxsum.services.summaries import prompt_sha256, summary_model
 from tests.support.summarizer_calls import SummarizerCall, call_problems
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 # Bound here at import, not looked up on the compaction module at call time: a test that
 # swaps the engine's helper for a broken one must still be caught by these checks.
-from ctxsum.services.compaction import summary_model, summary_prompt
+from ctxsum.services.summaries import summary_model, summary_prompt
 from ctxsum.summarizers import get_summarizer
 
 
