@@ -80,7 +80,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 _WORD = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*")
 _NOT_NAMES = re.compile(rf"^(?:i|ok|okay|{_MONTHS}|{_WEEKDAYS})$", re.IGNORECASE)
 # What may stand before the first word of a sentence (spaces and tabs skipped).
-_SENTENCE_BREAKS = frozenset(".!?¡¿:;\n\"“(*#-•")
+_SENTENCE_BREAKS = frozenset('.!?¡¿:;\n"“(*#-•')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,10 +132,14 @@ def message_texts(messages: Iterable[Mapping[str, Any]]) -> list[str]:
     return [text for text in texts if text]
 
 
-def facts_found(texts: Iterable[str]) -> list[tuple[str, str]]:
+def facts_found(
+    texts: Iterable[str], known: Iterable[tuple[str, str]] = ()
+) -> list[tuple[str, str]]:
     """(kind, text) of every fact in ``texts``, each once (compared without case), in the
-    order first seen; a span is claimed by the first kind that matches it."""
-    found: dict[str, tuple[str, str]] = {}
+    order first seen, after the ``known`` facts; a span is claimed by the first kind that
+    matches it. A summary's facts are its previous version's plus those of the messages it
+    newly archived."""
+    found: dict[str, tuple[str, str]] = {_key(kind, fact): (kind, fact) for kind, fact in known}
     for text in texts:
         for kind, fact in _facts_of(text):
             found.setdefault(_key(kind, fact), (kind, fact))
@@ -194,10 +198,15 @@ def _key(kind: str, fact: str) -> str:
 
 def coverage(covered: Iterable[str], summary: str) -> Coverage:
     """Which facts of the ``covered`` texts the ``summary`` text holds."""
+    return facts_checked(facts_found(covered), summary)
+
+
+def facts_checked(found: Iterable[tuple[str, str]], summary: str) -> Coverage:
+    """Which of the ``found`` facts the ``summary`` text holds."""
     folded = " ".join(summary.casefold().split())
     numbers = {re.sub(r"\D", "", match.group()) for match in re.finditer(_NUMBER, summary)}
     facts = []
-    for kind, fact in facts_found(covered):
+    for kind, fact in found:
         if kind in ("number", "amount"):
             present = re.sub(r"\D", "", fact) in numbers
         else:

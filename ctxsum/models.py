@@ -102,6 +102,8 @@ class Message(models.Model):
     is_leading = models.BooleanField(default=False)
     # Set when PATCH {"system": ...} replaced this leading message; it stays in the transcript.
     replaced_at = models.DateTimeField(null=True, blank=True)
+    # Set when the message was redacted: its content is the redaction marker since.
+    redacted_at = models.DateTimeField(null=True, blank=True)
     # NULL while the message is in the active context; the summary that archived it after.
     summary = models.ForeignKey(
         "Summary", null=True, blank=True, on_delete=models.RESTRICT, related_name="messages"
@@ -161,7 +163,22 @@ class ToolCall(models.Model):
         return f"{self.call_id} {self.name}"
 
 
+class SummaryQuerySet(models.QuerySet["Summary"]):
+    def stale(self, *, prompt_version: str, prompt_sha256: str) -> SummaryQuerySet:
+        """Summaries written under another prompt than this one, or covering a message
+        that was redacted since."""
+        current = Q(prompt_version=prompt_version, prompt_sha256=prompt_sha256)
+        return self.filter(~current | Q(covers_redacted=True))
+
+    def coverage_below(self, ratio: float) -> SummaryQuerySet:
+        return self.filter(coverage__lt=ratio)
+
+
 class Summary(models.Model):
+    class Origin(models.TextChoices):
+        COMPACTION = "compaction"
+        REBUILD = "rebuild"
+
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="summaries"
     )
@@ -182,7 +199,19 @@ class Summary(models.Model):
     # Tokens of the summary as a context message (prefix included).
     token_count = models.PositiveIntegerField(default=0)
     active = models.BooleanField(default=True)
+    # A compaction extends the previous version; a rebuild writes the whole range anew from
+    # the archived originals and marks the version it replaced superseded.
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.COMPACTION)
+    superseded = models.BooleanField(default=False)
+    # A message this summary covers was redacted after it was written: rebuild it.
+    covers_redacted = models.BooleanField(default=False)
+    # The coverage check (ctxsum.coverage): the facts of the covered messages, each present or
+    # missing in the text, and the share present (NULL when there were none).
+    coverage = models.FloatField(null=True, blank=True)
+    coverage_facts = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = SummaryQuerySet.as_manager()
 
     class Meta:
         ordering = ["conversation_id", "-version"]
@@ -213,9 +242,7 @@ class CompactionAttempt(models.Model):
         Conversation, on_delete=models.CASCADE, related_name="compaction_attempts"
     )
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
-    reason = models.CharField(
-        max_length=64, blank=True, default="", choices=Reason.choices()
-    )
+    reason = models.CharField(max_length=64, blank=True, default="", choices=Reason.choices())
     error = models.TextField(blank=True, default="")
     summary = models.ForeignKey(
         Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="attempts"

@@ -59,6 +59,7 @@ class Reason(StrEnum):
     DRY_RUN = "dry_run"
     DEFERRED = "deferred"
     COMPACTED = "compacted"
+    REBUILT = "rebuilt"
     SUMMARIZER_ERROR = "summarizer_error"
     SUMMARY_TRUNCATED = "summary_truncated"
     ERROR = "error"

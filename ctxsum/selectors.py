@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,8 +10,28 @@ from django.db.models import Count, QuerySet, Sum
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, SummaryQuerySet
 from ctxsum.policy import Policy, parse_policy
+
+
+def prompt_sha256(prompt: str) -> str:
+    """The fingerprint a summary records of the PROMPT that wrote it."""
+    return hashlib.sha256(prompt.encode()).hexdigest()
+
+
+def summary_is_stale(summary: Summary) -> bool:
+    """Whether ``summary`` was written under another prompt than the current one (its
+    version or its text), or covers a message redacted since."""
+    current = (ctxsum_settings.PROMPT_VERSION, prompt_sha256(ctxsum_settings.PROMPT))
+    return summary.covers_redacted or (summary.prompt_version, summary.prompt_sha256) != current
+
+
+def stale_summaries() -> SummaryQuerySet:
+    """The active summaries that are stale: their conversations want a rebuild."""
+    return Summary.objects.filter(active=True).stale(
+        prompt_version=ctxsum_settings.PROMPT_VERSION,
+        prompt_sha256=prompt_sha256(ctxsum_settings.PROMPT),
+    )
 
 
 def summary_message(text: str) -> dict[str, Any]:

@@ -164,7 +164,8 @@ def _check_summaries(state: _State) -> None:
 def _check_archived_ranges(state: _State) -> None:
     """(e) Archived rows form version-ordered contiguous runs, all older than every active
     row; each summary covers (cumulatively) exactly the span of its and its predecessors'
-    rows, and archived at least one."""
+    rows, and archived at least one, unless a rebuild wrote it over its predecessor's range
+    (which it then marks superseded)."""
     label = state.label
     by_id = {summary.pk: summary for summary in state.summaries}
     for row in state.archived:
@@ -183,7 +184,14 @@ def _check_archived_ranges(state: _State) -> None:
     covered: list[int] = []
     for summary in state.summaries:
         own = [row.seq for row in state.archived if row.summary_id == summary.pk]
-        assert own, f"{label}: summary v{summary.version} archived no message"
+        if summary.origin == Summary.Origin.REBUILD:
+            # Written anew over its predecessor's range: it archives nothing itself.
+            assert not own, f"{label}: rebuilt summary v{summary.version} archived messages"
+            assert summary.previous is not None and summary.previous.superseded, (
+                f"{label}: rebuilt summary v{summary.version} does not supersede its predecessor"
+            )
+        else:
+            assert own, f"{label}: summary v{summary.version} archived no message"
         covered.extend(own)
         assert (summary.from_seq, summary.to_seq) == (min(covered), max(covered)), (
             f"{label}: summary v{summary.version} says it covers "

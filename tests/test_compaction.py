@@ -14,10 +14,9 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason
-from ctxsum.selectors import summary_message
+from ctxsum.selectors import prompt_sha256, summary_message
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.leases import lease_seconds
-from ctxsum.services.summaries import prompt_sha256
 from ctxsum.tokens import context_tokens, count_message
 from tests.backends import HookSummarizer
 from tests.factories import (

@@ -541,6 +541,7 @@ def test_reason_values_are_stable() -> None:
         "dry_run",
         "deferred",
         "compacted",
+        "rebuilt",
         "summarizer_error",
         "summary_truncated",
         "error",

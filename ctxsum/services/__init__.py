@@ -9,12 +9,16 @@ from ctxsum.services.conversations import (
 )
 from ctxsum.services.imports import file_import
 from ctxsum.services.messages import message_append
+from ctxsum.services.rebuild import conversation_rebuild
+from ctxsum.services.redaction import message_redact
 
 __all__ = [
     "conversation_compact",
     "conversation_create",
     "conversation_delete",
+    "conversation_rebuild",
     "conversation_update",
     "file_import",
     "message_append",
+    "message_redact",
 ]

@@ -16,12 +16,19 @@ from functools import partial
 from django.db import transaction
 
 from ctxsum.conf import ctxsum_settings
+from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError, SummaryTruncated
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Plan, Policy, Reason, Sizing, plan_compaction
-from ctxsum.selectors import ActiveContext, context_get, conversation_policy
-from ctxsum.services.leases import LeaseLost, lease_release, lease_renew, lease_take
-from ctxsum.services.summaries import Written, prompt_sha256, summary_size, summary_write
+from ctxsum.selectors import ActiveContext, context_get, conversation_policy, prompt_sha256
+from ctxsum.services.leases import (
+    LeaseLost,
+    lease_lock,
+    lease_release,
+    lease_renew,
+    lease_take,
+)
+from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import compaction_failed, summary_created
 
@@ -164,7 +171,8 @@ def _compact_leased(run: _Run, token: str) -> CompactionResult:
             before_call=partial(lease_renew, conversation, token, db=run.db),
         )
         _check_gain(run, written)
-        summary, attempt = _commit(run, written, token)
+        checked = summary_coverage(run.context.summary, run.archived, written.text)
+        summary, attempt = _commit(run, written, checked, token)
     except (_Conflict, LeaseLost, _NoGain) as error:
         lease_release(conversation, token, db=run.db)
         if isinstance(error, _NoGain):
@@ -197,12 +205,14 @@ def _check_gain(run: _Run, written: Written) -> None:
         raise _NoGain
 
 
-def _commit(run: _Run, written: Written, token: str) -> tuple[Summary, CompactionAttempt]:
+def _commit(
+    run: _Run, written: Written, checked: Coverage, token: str
+) -> tuple[Summary, CompactionAttempt]:
     """Insert the summary and archive the covered messages, if the snapshot still holds."""
     previous, archived = run.context.summary, run.archived
     with transaction.atomic(using=run.db):
         locked = _lock_snapshot(run, token)
-        summary = _insert_summary(locked, previous, archived, written)
+        summary = _insert_summary(locked, previous, archived, written, checked)
         _archive(locked, summary, archived)
         _move_counters(locked, previous, summary, archived)
         attempt = CompactionAttempt.objects.using(run.db).create(
@@ -229,18 +239,11 @@ def _commit(run: _Run, written: Written, token: str) -> tuple[Summary, Compactio
 
 
 def _lock_snapshot(run: _Run, token: str) -> Conversation:
-    """The conversation row, locked, if the snapshot still holds; raises _Conflict (or
-    DoesNotExist when the conversation was deleted meanwhile)."""
-    rows = Conversation.objects.using(run.db).filter(pk=run.conversation.pk)
+    """The conversation row, locked, if the snapshot still holds; raises _Conflict or
+    LeaseLost (or DoesNotExist when the conversation was deleted meanwhile)."""
     # Filtered on the lease: a worker that took an abandoned lease over makes this one lose.
-    locked = rows.select_for_update().filter(lease_owner=token).first()
-    if locked is None:
-        if not rows.exists():
-            raise Conversation.DoesNotExist
-        raise _Conflict
-    previous = run.context.summary
-    active = Summary.objects.using(run.db).filter(conversation=locked, active=True)
-    if active.values_list("pk", flat=True).first() != (previous and previous.pk):
+    locked = lease_lock(run.conversation, token, db=run.db)
+    if not active_summary_is(locked, run.context.summary):
         raise _Conflict
     # A result that arrived during the call for a request being archived would be left
     # without it (invariant d). Results arriving after the commit are refused at append.
@@ -256,8 +259,18 @@ def _lock_snapshot(run: _Run, token: str) -> Conversation:
     return locked
 
 
+def active_summary_is(locked: Conversation, expected: Summary | None) -> bool:
+    """Whether the active summary is still ``expected`` (None: still none)."""
+    active = Summary.objects.using(locked._state.db).filter(conversation=locked, active=True)
+    return active.values_list("pk", flat=True).first() == (expected and expected.pk)
+
+
 def _insert_summary(
-    locked: Conversation, previous: Summary | None, archived: list[Message], written: Written
+    locked: Conversation,
+    previous: Summary | None,
+    archived: list[Message],
+    written: Written,
+    checked: Coverage,
 ) -> Summary:
     db = locked._state.db
     if previous is not None:
@@ -277,6 +290,8 @@ def _insert_summary(
         output_tokens=written.output_tokens,
         latency_ms=written.latency_ms,
         token_count=written.token_count,
+        coverage=checked.ratio,
+        coverage_facts=checked.as_json(),
     )
 
 

@@ -56,3 +56,16 @@ def lease_release(conversation: Conversation, token: str, *, db: str) -> None:
     """Give the lease up, if this worker still holds it."""
     rows = Conversation.objects.using(db).filter(pk=conversation.pk, lease_owner=token)
     rows.update(lease_owner="", leased_at=None)
+
+
+def lease_lock(conversation: Conversation, token: str, *, db: str) -> Conversation:
+    """The conversation row, locked for the commit, while this worker still holds the lease
+    (the lock is filtered on it). Raises LeaseLost when another worker took it over, and
+    Conversation.DoesNotExist when the conversation is gone. Call inside a transaction."""
+    rows = Conversation.objects.using(db).filter(pk=conversation.pk)
+    locked = rows.select_for_update().filter(lease_owner=token).first()
+    if locked is None:
+        if not rows.exists():
+            raise Conversation.DoesNotExist
+        raise LeaseLost
+    return locked

@@ -6,15 +6,15 @@ compaction (services/compaction.py) commits what it wrote.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum import formatting, tokens
+from ctxsum import coverage, formatting, tokens
 from ctxsum.conf import ctxsum_settings
+from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import summary_message
@@ -52,11 +52,6 @@ def summary_prompt(budget: int) -> str:
     """The instruction a summarizer call gets: PROMPT, then this summary's length budget."""
     length = LENGTH_BUDGET.format(tokens=budget, words=budget * 3 // 4)
     return f"{ctxsum_settings.PROMPT}\n\n{length}"
-
-
-def prompt_sha256(prompt: str) -> str:
-    """The fingerprint a summary records of the PROMPT that wrote it."""
-    return hashlib.sha256(prompt.encode()).hexdigest()
 
 
 def history_room(prompt: str, count: Callable[[str], int]) -> int:
@@ -115,3 +110,24 @@ def summary_write(
         output_tokens=output_tokens,
         latency_ms=int((time.monotonic() - started) * 1000),
     )
+
+
+def summary_coverage(previous: Summary | None, archived: Sequence[Message], text: str) -> Coverage:
+    """The coverage check of a new summary: the facts its previous version covered plus
+    those of the messages it newly archives, each present or missing in ``text``."""
+    known = [(fact["kind"], fact["text"]) for fact in previous.coverage_facts] if previous else []
+    if previous is not None and previous.coverage is None and not known:
+        # Written before ctxsum kept coverage: read what it covered once.
+        archived = [*_covered_rows(previous), *archived]
+    texts = coverage.message_texts(row.as_openai() for row in archived)
+    return coverage.facts_checked(coverage.facts_found(texts, known), text)
+
+
+def _covered_rows(summary: Summary) -> list[Message]:
+    rows = Message.objects.using(summary._state.db).filter(
+        conversation_id=summary.conversation_id,
+        seq__gte=summary.from_seq,
+        seq__lte=summary.to_seq,
+        summary__isnull=False,
+    )
+    return list(rows.order_by("seq"))

@@ -13,11 +13,11 @@ from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import CompactionAttempt, Message, Summary
 from ctxsum.policy import Reason
-from ctxsum.selectors import summary_message
 
 # Bound here at import, not looked up on the compaction module at call time: a test that
 # swaps the engine's helper for a broken one must still be caught by these checks.
-from ctxsum.services.summaries import prompt_sha256, summary_model
+from ctxsum.selectors import prompt_sha256, summary_message
+from ctxsum.services.summaries import summary_model
 from tests.support.summarizer_calls import SummarizerCall, call_problems
 
 

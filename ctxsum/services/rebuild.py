@@ -1,0 +1,183 @@
+"""Rebuilding a stale summary: written anew from the archived originals under the current
+prompt.
+
+A summary is stale when the prompt that wrote it is not the current one (its version or its
+text changed) or when a message it covers was redacted. A compaction would fold the stale
+text into the next summary as if it were current; a rebuild instead summarizes every
+archived message again, chunked like any compaction, under the same lease and the same
+compare-and-commit (docs/architecture.md). The version it replaces is kept, marked
+superseded; the archived messages stay as they are, and the new version covers the same
+range.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+from django.db import transaction
+
+from ctxsum import coverage
+from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import SummarizerError
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.policy import Reason, summary_budget
+from ctxsum.selectors import prompt_sha256
+from ctxsum.services.compaction import active_summary_is, failure_reason
+from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_renew, lease_take
+from ctxsum.services.summaries import Written, summary_size, summary_write
+from ctxsum.services.transactions import write_db
+
+logger = logging.getLogger("ctxsum.compaction")
+Outcome = CompactionAttempt.Outcome
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rebuilt:
+    """What a rebuild did; ``reason`` says why when nothing was rebuilt."""
+
+    rebuilt: bool
+    reason: Reason
+    summary: Summary | None = None
+    replaced: Summary | None = None
+
+
+def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
+    """Write the conversation's active summary anew from every archived message, under the
+    current prompt, at most as long as the summary it replaces.
+
+    ``nothing_to_summarize`` when the conversation has no summary, ``in_progress`` when
+    another worker holds the lease, ``conflict`` when a compaction changed the summary
+    meanwhile. A summarizer failure changes nothing, is recorded and raised, like a
+    compaction's. ``conversation`` is brought up to date.
+    """
+    db = write_db(conversation)
+    conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
+    previous = Summary.objects.using(db).filter(conversation=conversation, active=True).first()
+    if previous is None:
+        return Rebuilt(rebuilt=False, reason=Reason.NOTHING_TO_SUMMARIZE)
+    token = lease_take(conversation, db=db)
+    if token is None:
+        return Rebuilt(rebuilt=False, reason=Reason.IN_PROGRESS, replaced=previous)
+    try:
+        summary = _rebuild_leased(conversation, previous, token, db=db)
+    except LeaseLost:
+        lease_release(conversation, token, db=db)
+        return Rebuilt(rebuilt=False, reason=Reason.CONFLICT, replaced=previous)
+    except Conversation.DoesNotExist:
+        raise
+    except Exception as error:
+        lease_release(conversation, token, db=db)
+        _failed(conversation, previous, error, db=db)
+        raise
+    conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
+    return Rebuilt(rebuilt=True, reason=Reason.REBUILT, summary=summary, replaced=previous)
+
+
+def _rebuild_leased(
+    conversation: Conversation, previous: Summary, token: str, *, db: str
+) -> Summary:
+    archived = list(
+        Message.objects.using(db)
+        .filter(conversation=conversation, summary__isnull=False)
+        .order_by("seq")
+    )
+    # No longer than the summary it replaces, so the context does not grow.
+    room = max(previous.token_count - summary_size("", conversation), 1)
+    budget = min(
+        summary_budget(
+            previous_tokens=0,
+            archived_tokens=sum(row.token_count for row in archived),
+            max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
+            goal_tokens=None,
+        ),
+        max(room, 32),
+    )
+    # Outside every transaction, like a compaction's summarizer call.
+    written = summary_write(
+        conversation,
+        None,
+        archived,
+        budget=budget,
+        before_call=partial(lease_renew, conversation, token, db=db),
+    )
+    texts = coverage.message_texts(row.as_openai() for row in archived)
+    return _commit(
+        conversation, previous, written, coverage.coverage(texts, written.text), token, db=db
+    )
+
+
+def _commit(
+    conversation: Conversation,
+    previous: Summary,
+    written: Written,
+    checked: coverage.Coverage,
+    token: str,
+    *,
+    db: str,
+) -> Summary:
+    with transaction.atomic(using=db):
+        locked = lease_lock(conversation, token, db=db)
+        if not active_summary_is(locked, previous):
+            raise LeaseLost  # a compaction committed meanwhile: this rebuild is out of date
+        Summary.objects.using(db).filter(pk=previous.pk).update(active=False, superseded=True)
+        summary = Summary.objects.using(db).create(
+            conversation=locked,
+            version=previous.version + 1,
+            text=written.text,
+            prompt_version=ctxsum_settings.PROMPT_VERSION,
+            prompt_sha256=prompt_sha256(ctxsum_settings.PROMPT),
+            model=written.model,
+            from_seq=previous.from_seq,
+            to_seq=previous.to_seq,
+            previous=previous,
+            input_tokens=written.input_tokens,
+            output_tokens=written.output_tokens,
+            latency_ms=written.latency_ms,
+            token_count=written.token_count,
+            origin=Summary.Origin.REBUILD,
+            coverage=checked.ratio,
+            coverage_facts=checked.as_json(),
+        )
+        before = locked.context_tokens
+        locked.active_tokens += summary.token_count - previous.token_count
+        locked.revision += 1
+        locked.lease_owner, locked.leased_at = "", None
+        locked.save(
+            update_fields=["active_tokens", "revision", "lease_owner", "leased_at", "updated_at"]
+        )
+        CompactionAttempt.objects.using(db).create(
+            conversation=locked,
+            outcome=Outcome.COMPACTED,
+            reason=Reason.REBUILT,
+            summary=summary,
+            tokens_before=before,
+            tokens_after=locked.context_tokens,
+            from_seq=summary.from_seq,
+            to_seq=summary.to_seq,
+        )
+    return summary
+
+
+def _failed(conversation: Conversation, previous: Summary, error: Exception, *, db: str) -> None:
+    log = logger.warning if isinstance(error, SummarizerError) else logger.exception
+    log("Rebuild of conversation %s's summary failed: %s", conversation.pk, error)
+    with transaction.atomic(using=db):
+        # Locked, so a concurrent delete either waits for this row or has already won.
+        if not Conversation.objects.using(db).select_for_update().filter(pk=conversation.pk):
+            raise Conversation.DoesNotExist
+        _record_failure(conversation, previous, error, db=db)
+
+
+def _record_failure(
+    conversation: Conversation, previous: Summary, error: Exception, *, db: str
+) -> None:
+    CompactionAttempt.objects.using(db).create(
+        conversation=conversation,
+        outcome=Outcome.FAILED,
+        reason=failure_reason(error),
+        error=f"{type(error).__name__}: {error}",
+        from_seq=previous.from_seq,
+        to_seq=previous.to_seq,
+    )

@@ -1,0 +1,65 @@
+"""Redacting a message: its words are erased, its place in the conversation is not.
+
+The content becomes the redaction marker, a tool call keeps its id and name but loses its
+arguments, the provider extras are dropped; ``seq`` stays, tokens and counters are
+recounted, and every summary covering the message is marked stale, so a rebuild
+(services/rebuild.py) writes a summary that no longer holds the redacted text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ctxsum import tokens
+from ctxsum.models import Conversation, Message, Summary
+from ctxsum.services.transactions import write_db
+
+REDACTED = "[redacted]"
+
+
+def redacted(message: Message) -> dict[str, Any]:
+    """The fields of ``message`` once redacted."""
+    calls = [
+        {**call, "function": {**call["function"], "arguments": "{}"}}
+        for call in message.tool_calls or ()
+    ]
+    # An assistant message that only called tools keeps its null content.
+    content = None if message.content is None and calls else REDACTED
+    return {"content": content, "tool_calls": calls or None, "extra": {}}
+
+
+def message_redact(*, conversation: Conversation, seq: int) -> Message:
+    """Redact the message at ``seq``; redacting it again changes nothing.
+
+    Raises Message.DoesNotExist when the conversation has no such message, and
+    Conversation.DoesNotExist when the conversation is gone. ``conversation`` is brought up
+    to date.
+    """
+    db = write_db(conversation)
+    with transaction.atomic(using=db):
+        locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
+        message = Message.objects.using(db).get(conversation=locked, seq=seq)
+        if message.redacted_at is None:
+            _redact(locked, message)
+    conversation.update_from(locked)
+    return message
+
+
+def _redact(locked: Conversation, message: Message) -> None:
+    before = message.token_count
+    for name, value in redacted(message).items():
+        setattr(message, name, value)
+    message.token_count = tokens.count_message(message.as_openai(), model=locked.model or None)
+    message.redacted_at = timezone.now()
+    message.save(update_fields=["content", "tool_calls", "extra", "token_count", "redacted_at"])
+    if message.summary_id is None and message.replaced_at is None:
+        locked.active_tokens += message.token_count - before  # it is in the context
+    locked.revision += 1
+    locked.save(update_fields=["active_tokens", "revision", "updated_at"])
+    covering = Summary.objects.using(locked._state.db).filter(
+        conversation=locked, from_seq__lte=message.seq, to_seq__gte=message.seq
+    )
+    covering.update(covers_redacted=True)
