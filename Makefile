@@ -2,7 +2,7 @@
 # `make test` runs the test suite (SQLite; set DATABASE_URL for PostgreSQL), `make lint`
 # ruff and mypy, `make package-check` a real install of the package into a new project.
 
-.PHONY: venv run test lint check bench package-check
+.PHONY: venv run test lint check bench package-check docs
 
 PYTHON ?= python3
 VENV := .venv
@@ -48,6 +48,11 @@ package-check:
 check: venv
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run
+
+# docs/api.md, written from real requests on a new database (in memory); the tests fail
+# when it no longer matches what those requests answer.
+docs: venv
+	DATABASE_URL=sqlite://:memory: $(BIN)/python manage.py ctxsum_api_docs
 
 bench: venv
 	$(BIN)/python -m bench.replay

@@ -38,7 +38,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files, served locally
     "ctxsum",
-    # The example project's own commands: ctxsum_demo.
+    # The example project's own commands: ctxsum_demo, ctxsum_api_docs.
     "project",
 ]
 

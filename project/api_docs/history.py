@@ -1,0 +1,116 @@
+"""docs/api.md: summaries and the transcript, and writing: appends, new conversations,
+changes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from django.conf import settings
+from django.test import override_settings
+
+from project.api_docs import samples
+from project.api_docs.document import SUMMARY_IN_SHORT, Document, expect
+
+MESSAGES = "/conversations/$CONV/messages/"
+
+
+def summaries_and_transcript(document: Document) -> None:
+    document.text("## Summaries and the transcript")
+    document.request("GET", "/conversations/$CONV/summaries/")
+    document.text(
+        "Archived messages stay in the transcript, marked with the summary that replaced them:"
+    )
+    document.request("GET", f"{MESSAGES}?page_size=3")
+
+
+def writing(document: Document) -> None:
+    document.text("## Writing")
+    document.request("POST", MESSAGES, {"role": "user", "content": "Can I take a 23 kg bag?"})
+    document.text("A batch is stored all or none; errors name the message and the field:")
+    batch = [
+        {"role": "user", "content": "ok"},
+        {"role": "tool", "tool_call_id": "call_x", "content": "1"},
+    ]
+    document.request("POST", MESSAGES, {"messages": batch})
+    document.text("A result for a call that a summary has archived can no longer join the context:")
+    late = {"role": "tool", "tool_call_id": "call_lookup_01", "content": "late"}
+    document.request("POST", MESSAGES, late)
+    document.text("A new conversation, with a system prompt, a policy and its first message:")
+    body = {
+        "title": "New chat",
+        "system": "You are terse.",
+        "policy": {"trigger": {"messages": 8}, "keep": {"messages": 4}},
+        "messages": [{"role": "user", "content": "Hello"}],
+    }
+    created = document.call("POST", "/conversations/", body)
+    document.name("NEW", created.data["id"])
+    document.show(created, hide={"stats"})
+
+
+def auto_compact(document: Document) -> None:
+    policy = {"trigger": {"messages": 8}, "keep": {"messages": 4}}
+    document.text(
+        f"""
+        With `AUTO_COMPACT` on (the example project leaves it off; these two requests ran
+        with `CTXSUM = {{..., "AUTO_COMPACT": True}}`), an append that reaches the trigger is
+        followed by a compaction once it has committed. First messages are an append too: a
+        new conversation whose messages reach its trigger is compacted before the 201
+        answers, and the answer shows the compacted conversation (it has no `compaction`
+        field; a failure there leaves it created, uncompacted). A system prompt and seven
+        messages with `{json.dumps(policy)}`:
+        """
+    )
+    body = {"title": "Porto week", "system": "You plan trips.", "policy": policy}
+    with override_settings(CTXSUM={**settings.CTXSUM, "AUTO_COMPACT": True}):
+        created = document.call("POST", "/conversations/", {**body, "messages": samples.PORTO})
+        document.name("PORTO", created.data["id"])
+        expect(created.data["summary"] is not None, "the first messages were compacted")
+        document.show(created, only=SUMMARY_IN_SHORT, curl=False)
+        document.text(
+            """
+            The answer to an append says what the compaction after it did; a failure there
+            is reported in it (`"reason": "summarizer_error"` with a `detail`), and the
+            append stands:
+            """
+        )
+        more = {"messages": samples.PORTO_MORE}
+        appended = document.request(
+            "POST", "/conversations/$PORTO/messages/", more, items={"messages": 1}
+        )
+        expect(appended.data["compaction"]["compacted"], "the append was followed by one")
+
+
+def changes(document: Document) -> None:
+    system = {"system": "You are the Northwind Travel assistant. Be brief."}
+    before = document.call("GET", "/conversations/$CONV/").data
+    changed = document.call("PATCH", "/conversations/$CONV/", system)
+    first = document.call("GET", f"{MESSAGES}?page_size=1").data["results"][0]
+    expect(first["replaced"] and first["seq"] == 0, "the old system prompt is marked replaced")
+    expect(changed.data["revision"] > before["revision"], "revision moves")
+    document.text("A new `system` prompt replaces the leading system message:")
+    document.show(changed, only={"id", "revision", "system"})
+    document.text(
+        """
+        The old system prompt stays in the transcript with `"replaced": true`; the new one
+        leads the context, and `revision` moves. A policy change applies to the next
+        compaction; it does not compact by itself, so the context may answer
+        `"over_max_context_tokens": true` until then:
+        """
+    )
+    ceiling = {"policy": {"max_context_tokens": 250}}
+    document.request("PATCH", "/conversations/$CONV/", ceiling, only={"policy", "revision"})
+    context = document.request(
+        "GET", "/conversations/$CONV/context/", hide={"messages", "summary"}
+    )
+    expect(context.data["over_max_context_tokens"], "the new ceiling is not applied yet")
+    document.text("`{\"policy\": null}` resets every override to the settings' defaults:")
+    document.request("PATCH", "/conversations/$CONV/", {"policy": None}, only={"policy"})
+
+
+SECTIONS: tuple[Callable[[Document], None], ...] = (
+    summaries_and_transcript,
+    writing,
+    auto_compact,
+    changes,
+)
