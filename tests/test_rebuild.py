@@ -173,3 +173,26 @@ def test_a_compaction_during_the_rebuild_wins_and_the_rebuild_writes_nothing(com
     assert (result.rebuilt, result.reason) == (False, Reason.CONFLICT)
     assert not Summary.objects.filter(conversation=compacted, origin="rebuild").exists()
     assert_context_invariants(compacted)
+
+
+def test_the_command_rebuilds_every_stale_summary(compacted, user, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    fresh = services.conversation_create(owner=user, messages=TURNS[:2])  # no summary
+    settings.CTXSUM = {**settings.CTXSUM, "PROMPT_VERSION": "2"}
+    out = StringIO()
+    call_command("ctxsum_rebuild", "--stale", stdout=out)
+    assert out.getvalue().strip() == "1 conversation(s): rebuilt 1"
+    assert not selectors.stale_summaries().exists()
+    assert Summary.objects.filter(conversation=compacted, superseded=True).count() == 1
+
+    out = StringIO()
+    call_command("ctxsum_rebuild", str(fresh.pk), str(compacted.pk), stdout=out, verbosity=2)
+    lines = out.getvalue().splitlines()
+    assert f"{fresh.pk}: nothing_to_summarize" in lines
+    assert f"{compacted.pk}: rebuilt (v2 -> v3)" in lines
+    with pytest.raises(CommandError, match="not both"):
+        call_command("ctxsum_rebuild", str(fresh.pk), "--stale")
