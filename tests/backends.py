@@ -31,3 +31,14 @@ class CrashingSummarizer(Summarizer):
 
     def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
         raise RuntimeError("backend bug")
+
+
+class ReplySummarizer(Summarizer):
+    """Answers every call with ``reply``: a summary of the size a test chose."""
+
+    requires_network = False
+    deterministic = True
+    reply = "A summary."
+
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
+        return type(self).reply

@@ -15,10 +15,12 @@ from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason
 from ctxsum.selectors import prompt_sha256, summary_message
+from ctxsum.services import compaction
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.leases import lease_seconds
+from ctxsum.services.summaries import summary_size
 from ctxsum.tokens import context_tokens, count_message
-from tests.backends import HookSummarizer
+from tests.backends import HookSummarizer, ReplySummarizer
 from tests.factories import (
     OFFLINE_SUMMARIZER,
     assistant_calls,
@@ -138,6 +140,8 @@ def test_second_compaction_is_incremental(travel, hook_summarizer):
     assert "Morning or evening?" in history and "AI-865" not in history
     assert "I need a flight" not in history
     assert Summary.objects.filter(conversation=travel, active=True).get() == summary
+    # The counters lost the archived messages and the old summary, and gained the new one.
+    assert_context_invariants(travel)
 
 
 def test_dry_run_plans_without_writing_or_calling(travel, hook_summarizer):
@@ -280,6 +284,26 @@ def test_lost_race_writes_nothing_and_records_a_conflict(travel, hook_summarizer
     assert Message.objects.filter(conversation=travel).count() == 6
 
 
+def _assert_conflict_wrote_nothing(result, conversation):
+    """A conflict: no summary, nothing archived; ``conversation`` is refreshed."""
+    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
+    assert not Summary.objects.filter(conversation=conversation).exists()
+    assert not Message.objects.filter(conversation=conversation).archived().exists()
+    conversation.refresh_from_db()
+
+
+def test_a_lease_taken_over_during_the_call_is_a_conflict(travel, hook_summarizer):
+    def taken_over():
+        # The lease looked abandoned; another worker took it over and is summarizing.
+        Conversation.objects.filter(pk=travel.pk).update(
+            lease_owner="another-worker", leased_at=timezone.now()
+        )
+
+    hook_summarizer.during = taken_over
+    _assert_conflict_wrote_nothing(conversation_compact(conversation=travel), travel)
+    assert travel.lease_owner == "another-worker", "the new holder's lease was released"
+
+
 def test_a_range_changed_by_another_writer_rolls_the_whole_commit_back(travel, hook_summarizer):
     # A writer outside ctxsum's services takes one message of the range out of the active
     # context during the call: the archive UPDATE then touches fewer rows than the snapshot
@@ -288,12 +312,7 @@ def test_a_range_changed_by_another_writer_rolls_the_whole_commit_back(travel, h
         Message.objects.filter(conversation=travel, seq=2).update(replaced_at=timezone.now())
 
     hook_summarizer.during = foreign_write
-    result = conversation_compact(conversation=travel)
-
-    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
-    assert not Summary.objects.filter(conversation=travel).exists()
-    assert not Message.objects.filter(conversation=travel).archived().exists()
-    travel.refresh_from_db()
+    _assert_conflict_wrote_nothing(conversation_compact(conversation=travel), travel)
     assert (travel.lease_owner, travel.active_message_count) == ("", 6)
 
 
@@ -325,6 +344,98 @@ def test_a_result_for_a_request_being_archived_is_a_conflict(user, hook_summariz
     again = conversation_compact(conversation=conversation)
     assert again.compacted and [row.seq for row in again.archived] == [0]
     assert again.context.messages[1]["tool_calls"] == request["tool_calls"]
+
+
+@pytest.fixture
+def reply_summarizer(settings):
+    settings.CTXSUM = {"SUMMARIZER": "tests.backends.ReplySummarizer"}
+    ReplySummarizer.reply = "Delhi."
+    return ReplySummarizer
+
+
+def _text_of_size(conversation, size):
+    """A summary text (stripped, as a summarizer's answer is) whose context message is
+    exactly ``size`` tokens."""
+
+    def words(count):
+        return " ".join(["fact"] * count)
+
+    low, high = 1, size
+    while low < high:  # the fewest words whose message reaches ``size``
+        middle = (low + high) // 2
+        if summary_size(words(middle), conversation) < size:
+            low = middle + 1
+        else:
+            high = middle
+    text = words(low)
+    assert summary_size(text, conversation) == size, "no text of exactly that size"
+    return text
+
+
+@pytest.mark.parametrize(("margin", "reason"), [(0, Reason.NO_GAIN), (1, Reason.COMPACTED)])
+def test_a_summary_is_committed_only_when_smaller_than_what_it_replaces(
+    travel, reply_summarizer, margin, reason
+):
+    assert conversation_compact(conversation=travel).compacted
+    booked = [assistant_message("The 7:05 flight, AI-865."), user_message("Book it.")]
+    services.message_append(conversation=travel, messages=booked)
+    planned = conversation_compact(conversation=travel, dry_run=True)
+    # What the new summary replaces: the archived messages and the old summary.
+    replaced = sum(row.token_count for row in planned.archived)
+    replaced += planned.context.summary.token_count
+    reply_summarizer.reply = _text_of_size(travel, replaced - margin)
+
+    result = conversation_compact(conversation=travel)
+
+    assert result.reason == reason
+    assert Summary.objects.filter(conversation=travel).count() == 1 + result.compacted
+
+
+def test_a_no_gain_range_holds_back_only_ranges_from_its_own_start(
+    travel, reply_summarizer, monkeypatch
+):
+    """A worker plans [1, 3]; before it takes the lease, another worker, whose snapshot has
+    two more messages, finds [1, 5] no gain. The first then commits [1, 3]. The next range,
+    [4, 5], lies inside the no-gain one but was never sent: it must be tried."""
+    take = compaction.lease_take
+
+    def another_worker_first(conversation, *, db):
+        monkeypatch.setattr(compaction, "lease_take", take)
+        other = Conversation.objects.get(pk=travel.pk)
+        booked = [assistant_message("The 7:05 flight, AI-865."), user_message("Book it.")]
+        services.message_append(conversation=other, messages=booked)
+        reply_summarizer.reply = " ".join(["fact"] * 100)
+        lost = conversation_compact(conversation=other)
+        assert lost.reason == Reason.NO_GAIN and [r.seq for r in lost.archived] == [1, 2, 3, 4, 5]
+        reply_summarizer.reply = "Delhi."
+        return take(conversation, db=db)
+
+    monkeypatch.setattr(compaction, "lease_take", another_worker_first)
+    first = conversation_compact(conversation=travel)
+    assert first.compacted and [row.seq for row in first.archived] == [1, 2, 3]
+
+    then = conversation_compact(conversation=travel)
+
+    assert (then.reason, [row.seq for row in then.archived]) == (Reason.COMPACTED, [4, 5])
+
+
+def test_over_trigger_is_what_the_compacted_context_is_not_the_estimate(user, reply_summarizer):
+    conversation = services.conversation_create(
+        owner=user, trigger={"tokens": 300}, keep={"messages": 2}
+    )
+    facts = [user_message(f"fact {index} " * 20) for index in range(10)]
+    services.message_append(conversation=conversation, messages=facts)
+    planned = conversation_compact(conversation=conversation, dry_run=True)
+    assert planned.plan.compacts and not planned.plan.over_trigger
+    # A summary far over its budget, though still smaller than the messages it replaces.
+    replaced = sum(row.token_count for row in planned.archived)
+    reply_summarizer.reply = _text_of_size(conversation, replaced - 1)
+
+    result = conversation_compact(conversation=conversation)
+
+    assert result.compacted
+    assert result.context.token_count >= 300
+    assert result.over_trigger
 
 
 @pytest.mark.django_db(transaction=True)

@@ -146,6 +146,17 @@ def test_a_trigger_without_keys_never_fires() -> None:
     assert not Trigger().reached(10**6, 10**9)
 
 
+def test_the_ceiling_is_exceeded_only_above_it() -> None:
+    rule = parse_policy({"messages": 50}, {"messages": 2}, 100)
+    assert not rule.over(1, 100)
+    assert rule.over(1, 101)
+    at = plan_compaction(
+        turns(2), [40, 100 - REPLY_PRIMING - 40], leading=False, has_summary=False, policy=rule
+    )
+    assert at.tokens_before == 100
+    assert at.reason is Reason.BELOW_TRIGGER
+
+
 # --- retention -------------------------------------------------------------------------
 
 
@@ -413,6 +424,39 @@ def test_keeping_fewer_never_splits_a_tool_round() -> None:
     assert not plan.over_trigger
 
 
+def test_keeping_fewer_keeps_as_many_as_land_at_the_target() -> None:
+    messages = [system_message(), *turns(10)]
+    tokens = [10, *[50] * 7, 800, 20, 20]
+    rule = policy({"tokens": 1000}, {"messages": 3})
+    plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+    # Keeping 3 (800, 20, 20) leaves 10 + 175 + 840 + 3: at the trigger. Dropping the 800
+    # lands at 10 + 250 + 40 + 3 = 303, below the target of 500: the two newest are kept,
+    # not just the newest one.
+    assert plan.compacts and not plan.over_trigger
+    assert plan.cutoff == 9
+    assert plan.tokens_after == 10 + 250 + 20 + 20 + REPLY_PRIMING
+
+
+def test_keeping_fewer_never_cuts_inside_an_earlier_tool_round() -> None:
+    tool_round = [assistant_calls("a", "b"), tool_result("a"), tool_result("b")]
+    messages = [
+        system_message(),
+        user_message("look both up"),
+        *tool_round,
+        user_message("next"),
+        assistant_message("done"),
+    ]
+    tokens = [10, 400, 10, 400, 10, 10, 10]
+    rule = policy({"tokens": 600}, {"messages": 4})
+    plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+    # Keeping 4 moves back to the request (2) and stays at the trigger. Cutting between the
+    # results (4) would land at the target, but would keep "b" without its request: the
+    # first cutoff that lands is after the whole round.
+    assert plan.compacts and not plan.over_trigger
+    assert plan.cutoff == 5
+    assert tail_is_valid(messages, plan.cutoff)
+
+
 def test_max_context_tokens_compacts_and_keeps_fewer_below_it() -> None:
     messages = [system_message(), *turns(10)]
     tokens = [10, *[100] * 10]
@@ -562,7 +606,6 @@ def test_parse_accepts_the_documented_forms() -> None:
     assert rule == Policy(trigger=Trigger(messages=20, tokens=8000), keep=Keep(tokens=2000))
     # Different units never conflict: 50 kept messages may well fit under 8000 tokens.
     assert parse_policy({"tokens": 8000}, {"messages": 50}).keep == Keep(messages=50)
-
 
     assert parse_trigger({"tokens": 5}) == Trigger(tokens=5)
 

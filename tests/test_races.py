@@ -46,6 +46,7 @@ from tests.postgres import (
     attempts,
     blocked,
     compact_held,
+    compact_in_thread,
     held_openai,
     start,
     wait_until,
@@ -494,6 +495,25 @@ def test_a_delete_waits_for_a_compaction_commit_in_progress(user, fake):
     outcome = worker.outcome()
     assert outcome.compacted, outcome.reason
     deleter.outcome()
+    assert rows_left(pk) == NOTHING_LEFT
+
+
+def test_an_attempt_recorded_while_a_delete_holds_the_row_waits_and_finds_it_gone(user):
+    """Recording an attempt locks the conversation row first: behind a delete that holds
+    it, the compaction waits, then answers DoesNotExist. Without the lock it would insert an
+    attempt for a conversation being deleted, and fail on the foreign key instead."""
+    conversation = create(user, [long_user_message("u0"), long_user_message("u1")])
+    pk = conversation.pk
+
+    with transaction.atomic():
+        Conversation.objects.select_for_update().get(pk=pk)  # what a delete does first
+        # Forced with nothing before the kept tail: a skipped attempt is recorded.
+        worker = compact_in_thread(conversation, force=True)
+        assert wait_until(lambda: blocked(worker.pid)), "the record never waited for the row"
+        conversation_delete(conversation=conversation)
+
+    with pytest.raises(Conversation.DoesNotExist):
+        worker.outcome()
     assert rows_left(pk) == NOTHING_LEFT
 
 

@@ -6,6 +6,7 @@ a JSON body), policies, metadata and the system prompt.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from django.test import override_settings
 
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.services import conversation_create
+from ctxsum.validation import MAX_ID_LENGTH, MAX_NAME_LENGTH, TOOL_CALL_ID_TYPE
 from tests.factories import assistant_calls, tool_call, tool_result, user_message
 from tests.support.urls import api_url
 
@@ -180,6 +182,15 @@ BAD_MESSAGES: list[tuple[str, dict, str]] = [
             "role": "assistant",
             "content": None,
             "tool_calls": [tool_call("c9"), tool_call("c9", "other")],
+        },
+        "tool_calls",
+    ),
+    (
+        "tool call id too long",
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [tool_call("c" * (MAX_ID_LENGTH + 1))],
         },
         "tool_calls",
     ),
@@ -402,6 +413,24 @@ def test_valid_content_parts_are_accepted(api, conversation) -> None:
     assert response.json()["messages"][0]["content"] == parts
 
 
+def test_ids_and_names_at_their_length_limits_are_accepted(api, conversation) -> None:
+    longest_id = "c" * MAX_ID_LENGTH
+    request = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [tool_call(longest_id, name="f" * MAX_ID_LENGTH)],
+        "name": "n" * MAX_NAME_LENGTH,
+    }
+    batch = [request, tool_result(longest_id)]
+    url = api_url("message-list", conversation)
+    response = api.post(url, {"messages": batch}, format="json")
+    assert response.status_code == 201, response.content
+    # One character more is a malformed id, not merely one that nobody requested.
+    response = api.post(url, tool_result(longest_id + "c"), format="json")
+    body = assert_400_naming(response, "tool_call_id")
+    assert body["tool_call_id"] == [str(TOOL_CALL_ID_TYPE)]
+
+
 def test_tool_result_answers_an_earlier_stored_request(api, conversation) -> None:
     # call_2 was requested by the fixture's assistant message, never answered yet.
     response = api.post(api_url("message-list", conversation), tool_result("call_2"), format="json")
@@ -492,9 +521,14 @@ def test_provider_extras_are_accepted_and_returned_unchanged(api, conversation) 
     assert context[-1] == reply
 
 
-def test_a_refusal_reply_with_null_content_is_accepted(api, conversation) -> None:
-    # What the model returned when it refused: content null, the text in `refusal`.
-    reply = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+@pytest.mark.parametrize(
+    "extra",
+    [{"refusal": "I can't help with that."}, {"audio": {"id": "audio_abc"}}],
+    ids=["refusal", "audio"],
+)
+def test_a_reply_with_null_content_is_accepted(api, conversation, extra) -> None:
+    # What the model returned when it refused (the text in `refusal`) or answered in audio.
+    reply = {"role": "assistant", "content": None, **extra}
     response = api.post(api_url("message-list", conversation), reply, format="json")
     assert response.status_code == 201, response.content
     assert api.get(api_url("context", conversation)).json()["messages"][-1] == reply
@@ -561,6 +595,17 @@ def test_message_over_max_message_bytes(api, conversation) -> None:
         )
         assert response.status_code == 201
     assert Message.objects.filter(conversation=conversation).count() == len(before["messages"]) + 1
+
+
+def test_a_message_of_exactly_max_message_bytes_is_accepted(api, conversation) -> None:
+    message = user_message("x" * 200)
+    size = len(json.dumps(message, ensure_ascii=False).encode())
+    url = api_url("message-list", conversation)
+    with override_settings(CTXSUM={"MAX_MESSAGE_BYTES": size}):
+        response = api.post(url, message, format="json")
+        assert response.status_code == 201, response.content
+    with override_settings(CTXSUM={"MAX_MESSAGE_BYTES": size - 1}):
+        assert_413_json(api.post(url, message, format="json"))
 
 
 def test_message_over_max_message_bytes_on_create(api) -> None:

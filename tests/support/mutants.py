@@ -1,0 +1,644 @@
+"""Hand-made mutants of the compaction service, the policy and the validation rules, and a
+runner that applies them one at a time and runs the tests that should notice.
+
+    python -m tests.support.mutants [--list] [--only NAME]... [--output results.json]
+
+Each mutant replaces one exact snippet of a source file with a small, plausible mistake (a
+``>=`` that became ``>``, a guard that went missing). The snippet must occur exactly once in
+its file, or the run fails before anything is changed: the table is checked against the
+code every time, so it cannot drift from it silently.
+
+A mutant is applied by rewriting its file in place; its pytest selection then runs in a
+subprocess (``-x -q -p no:cacheprovider``), and the file is restored in a ``finally`` with
+its original bytes and timestamps, which are compared afterwards. A selection that fails
+kills the mutant; one that passes lets it survive. A mutant no test can tell from the code
+(an equivalent one) carries a ``survives`` note saying why, and docs/testing.md explains
+it: it is expected to survive, and is reported as stale if a test ever kills it.
+
+Mutants marked ``postgres`` need DATABASE_URL to name a PostgreSQL database (they exercise
+row locks) and are skipped without it; the others run on SQLite with DATABASE_URL removed
+from their environment. Before the mutants, every selection runs once on the unmutated
+code: a selection that fails there would kill every mutant. The exit status is 1 when a
+mutant survived unexpectedly or a note is stale, else 0; ``--output`` writes the results
+as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tests.support.shared import REPO_ROOT, use_tiktoken_cache
+
+POLICY = "ctxsum/policy.py"
+VALIDATION = "ctxsum/validation.py"
+COMPACTION = "ctxsum/services/compaction.py"
+LEASES = "ctxsum/services/leases.py"
+
+POLICY_TESTS = ("tests/test_policy.py",)
+VALIDATION_TESTS = ("tests/test_validation.py",)
+COMPACTION_TESTS = ("tests/test_compaction.py", "tests/test_compaction_api.py")
+RACE_TESTS = ("tests/test_races.py",)
+LEASE_TESTS = ("tests/test_compaction_concurrency.py",)
+
+PYTEST_OPTIONS = ("-x", "-q", "-p", "no:cacheprovider")
+# A mutant that makes a loop endless is killed by the clock.
+DEFAULT_TIMEOUT = 900
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mistake: ``before`` (found exactly once in ``path``) becomes ``after``.
+
+    ``survives`` says why no test can kill it (it is equivalent: no input tells it from the
+    code); such a mutant is expected to survive, and being killed means the note is stale.
+    """
+
+    name: str
+    path: str
+    before: str
+    after: str
+    tests: tuple[str, ...]
+    postgres: bool = False
+    survives: str = ""
+
+    @property
+    def database(self) -> str:
+        return "postgresql" if self.postgres else "sqlite"
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # --- policy: trigger, retention, pinned front ----------------------------------------
+    Mutant(
+        "trigger-tokens-exclusive",
+        POLICY,
+        "return self.tokens is None or token_count >= self.tokens",
+        "return self.tokens is None or token_count > self.tokens",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "ceiling-inclusive",
+        POLICY,
+        "exceeds = ceiling is not None and token_count > ceiling",
+        "exceeds = ceiling is not None and token_count >= ceiling",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "keep-may-equal-trigger",
+        POLICY,
+        "if kept is not None and limit is not None and kept >= limit:",
+        "if kept is not None and limit is not None and kept > limit:",
+        POLICY_TESTS,
+    ),
+    Mutant("pinned-max-one", POLICY, "PINNED_MAX = 2", "PINNED_MAX = 1", POLICY_TESTS),
+    Mutant(
+        "retention-keeps-one-fewer",
+        POLICY,
+        "return max(start, count - keep.messages)",
+        "return max(start, count - keep.messages + 1)",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "retention-tokens-exclusive",
+        POLICY,
+        "if cutoff < count and kept + cost > keep.tokens:",
+        "if cutoff < count and kept + cost >= keep.tokens:",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "history-start-one-pinned",
+        POLICY,
+        "return int(leading) + int(has_summary)",
+        "return max(int(leading), int(has_summary))",
+        POLICY_TESTS,
+    ),
+    # --- policy: safe tool boundary ------------------------------------------------------
+    Mutant(
+        "tool-boundary-moves-back-once",
+        POLICY,
+        "while self.earliest_request[cutoff] < cutoff:",
+        "if self.earliest_request[cutoff] < cutoff:",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "tool-boundary-pinned-request-kept",
+        POLICY,
+        "if request is not None and request >= self.start:\n                break",
+        "if request is not None:\n                break",
+        POLICY_TESTS,
+    ),
+    # --- policy: summary budget and keeping fewer ----------------------------------------
+    Mutant(
+        "budget-whole-cap",
+        POLICY,
+        "budget = min(max_tokens * 3 // 4, previous_tokens + archived_tokens // 2)",
+        "budget = min(max_tokens, previous_tokens + archived_tokens // 2)",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "budget-whole-archived",
+        POLICY,
+        "budget = min(max_tokens * 3 // 4, previous_tokens + archived_tokens // 2)",
+        "budget = min(max_tokens * 3 // 4, previous_tokens + archived_tokens)",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "budget-previous-with-framing",
+        POLICY,
+        "previous = tokens[int(leading)] - sizing.summary_overhead if has_summary else 0",
+        "previous = tokens[int(leading)] if has_summary else 0",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "goal-larger-limit",
+        POLICY,
+        "return min(goals) if goals else None",
+        "return max(goals) if goals else None",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "keep-fewer-skips-nearest",
+        POLICY,
+        "for candidate in range(max(cutoff, start) + 1, last):",
+        "for candidate in range(max(cutoff, start) + 2, last):",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "keep-fewer-splits-tool-round",
+        POLICY,
+        "if boundaries.safe(candidate) == candidate:",
+        "if boundaries.safe(candidate) >= start:",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "keep-fewer-lands-at-ceiling",
+        POLICY,
+        "if ceiling is not None and plan.tokens_after > int(ceiling * ratio):",
+        "if ceiling is not None and plan.tokens_after > ceiling:",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "force-obeys-trigger",
+        POLICY,
+        "if not force and not due:",
+        "if not due:",
+        POLICY_TESTS,
+    ),
+    # --- validation ----------------------------------------------------------------------
+    Mutant(
+        "text-limit-exclusive",
+        VALIDATION,
+        "return max_length is None or len(value) <= max_length",
+        "return max_length is None or len(value) < max_length",
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "message-size-inclusive",
+        VALIDATION,
+        "if size > max_bytes:",
+        "if size >= max_bytes:",
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "tool-result-id-unbounded",
+        VALIDATION,
+        'elif not _is_text(message["tool_call_id"], MAX_ID_LENGTH):',
+        'elif not _is_text(message["tool_call_id"]):',
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "tool-call-id-on-assistant",
+        VALIDATION,
+        'elif message.get("tool_call_id") is not None:',
+        'elif message.get("tool_call_id") is not None and role != "assistant":',
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "tool-calls-on-tool-messages",
+        VALIDATION,
+        'if role != "assistant":\n            errors["tool_calls"]',
+        'if role == "user":\n            errors["tool_calls"]',
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "null-content-with-audio-refused",
+        VALIDATION,
+        'message.get("tool_calls") or message.get("refusal") or message.get("audio")',
+        'message.get("tool_calls") or message.get("refusal")',
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "call-ids-may-repeat",
+        VALIDATION,
+        "seen.add(call_id)",
+        "seen.discard(call_id)",
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "call-id-unbounded",
+        VALIDATION,
+        "if not _is_text(call_id, MAX_ID_LENGTH):",
+        "if not _is_text(call_id):",
+        VALIDATION_TESTS,
+    ),
+    Mutant(
+        "extras-not-nullable",
+        VALIDATION,
+        "elif message[field] is not None and not isinstance(message[field], kind):",
+        "elif not isinstance(message[field], kind):",
+        VALIDATION_TESTS,
+    ),
+    # --- compaction: the commit's guards -------------------------------------------------
+    Mutant(
+        "lock-ignores-lease",
+        LEASES,
+        "locked = rows.select_for_update().filter(lease_owner=token).first()",
+        "locked = rows.select_for_update().first()",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "lock-without-row-lock",
+        LEASES,
+        "locked = rows.select_for_update().filter(lease_owner=token).first()",
+        "locked = rows.filter(lease_owner=token).first()",
+        RACE_TESTS,
+        postgres=True,
+    ),
+    Mutant(
+        "active-summary-unchecked",
+        COMPACTION,
+        "    if not active_summary_is(locked, run.context.summary):\n        raise _Conflict\n",
+        "",
+        LEASE_TESTS,
+        postgres=True,
+    ),
+    Mutant(
+        "late-results-unchecked",
+        COMPACTION,
+        "    if call_ids and late_results.exists():\n        raise _Conflict\n",
+        "",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "archive-count-only-more",
+        COMPACTION,
+        "if updated != len(archived):",
+        "if updated > len(archived):",
+        COMPACTION_TESTS,
+    ),
+    # --- compaction: counters, gain, leases, records -------------------------------------
+    Mutant(
+        "counters-keep-a-message",
+        COMPACTION,
+        "locked.active_message_count -= len(archived)",
+        "locked.active_message_count -= len(archived) - 1",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "counters-keep-old-summary",
+        COMPACTION,
+        "locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens",
+        "locked.active_tokens += summary.token_count - archived_tokens",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "commit-keeps-lease",
+        COMPACTION,
+        '    locked.lease_owner = ""\n',
+        "",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "no-gain-when-equal-commits",
+        COMPACTION,
+        "if written.token_count >= replaced:",
+        "if written.token_count > replaced:",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "no-gain-forgets-old-summary",
+        COMPACTION,
+        "    replaced += run.context.summary.token_count if run.context.summary else 0\n",
+        "",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "no-gain-skips-grown-range",
+        COMPACTION,
+        "to_seq__gte=run.archived[-1].seq,",
+        "to_seq__lte=run.archived[-1].seq,",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "no-gain-any-start",
+        COMPACTION,
+        "            from_seq=run.archived[0].seq,\n",
+        "",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "conflict-keeps-lease",
+        COMPACTION,
+        "    except (_Conflict, LeaseLost, _NoGain) as error:\n"
+        "        lease_release(conversation, token, db=run.db)\n",
+        "    except (_Conflict, LeaseLost, _NoGain) as error:\n",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "failure-keeps-lease",
+        COMPACTION,
+        "    except Exception as error:\n        lease_release(conversation, token, db=run.db)\n",
+        "    except Exception as error:\n",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "failure-unrecorded",
+        COMPACTION,
+        "        _failed(run, error)\n",
+        "",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "nothing-to-summarize-unrecorded",
+        COMPACTION,
+        "RECORDED_SKIPS = (Reason.NOTHING_TO_SUMMARIZE, Reason.IN_PROGRESS, Reason.NO_GAIN)",
+        "RECORDED_SKIPS = (Reason.IN_PROGRESS, Reason.NO_GAIN)",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "below-trigger-reports-over",
+        COMPACTION,
+        "over_trigger=over and reason != Reason.BELOW_TRIGGER,",
+        "over_trigger=over,",
+        COMPACTION_TESTS,
+        survives="equivalent: below the trigger, the context is never over it",
+    ),
+    Mutant(
+        "over-trigger-from-estimate",
+        COMPACTION,
+        "over_trigger=over_trigger(context, run.policy),",
+        "over_trigger=run.plan.over_trigger,",
+        COMPACTION_TESTS,
+    ),
+    Mutant(
+        "record-without-row-lock",
+        COMPACTION,
+        "rows = Conversation.objects.using(run.db).select_for_update()",
+        "rows = Conversation.objects.using(run.db)",
+        RACE_TESTS,
+        postgres=True,
+    ),
+)
+
+
+# "expected": a survivor marked as equivalent; "stale": a mutant so marked that was killed.
+STATUSES = ("killed", "survived", "expected", "stale", "skipped")
+
+
+@dataclass
+class Result:
+    """What running one mutant's selection gave."""
+
+    name: str
+    path: str
+    database: str
+    status: str  # one of STATUSES
+    seconds: float
+    killed_by: str = ""
+    summary: str = ""
+    survives: str = ""
+    tests: list[str] = field(default_factory=list)
+
+
+class TableError(Exception):
+    """The table does not match the code (a snippet is missing or ambiguous)."""
+
+
+def check_table(mutants: Iterable[Mutant]) -> None:
+    """Raise TableError unless every name is unique and every snippet occurs exactly once."""
+    problems, names = [], set()
+    for mutant in mutants:
+        if mutant.name in names:
+            problems.append(f"{mutant.name}: the name is used twice")
+        names.add(mutant.name)
+        count = (REPO_ROOT / mutant.path).read_text(encoding="utf-8").count(mutant.before)
+        if count != 1:
+            problems.append(f"{mutant.name}: the snippet occurs {count} times in {mutant.path}")
+        if mutant.before == mutant.after:
+            problems.append(f"{mutant.name}: the replacement changes nothing")
+    if problems:
+        raise TableError("\n".join(problems))
+
+
+@contextmanager
+def applied(mutant: Mutant) -> Iterator[None]:
+    """The mutant written into its file, which is restored (bytes and times) on exit."""
+    path = REPO_ROOT / mutant.path
+    original, stat = path.read_bytes(), path.stat()
+    mutated = original.decode().replace(mutant.before, mutant.after, 1).encode()
+    try:
+        path.write_bytes(mutated)
+        yield
+    finally:
+        path.write_bytes(original)
+        # The original times keep the original bytecode cache valid, and a cache compiled
+        # from the mutant (if one were ever written) stale.
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        if path.read_bytes() != original:
+            raise RuntimeError(f"{mutant.path} was not restored after {mutant.name}")
+
+
+def postgres_url() -> str | None:
+    """DATABASE_URL when it names a PostgreSQL database."""
+    url = os.environ.get("DATABASE_URL", "")
+    return url if url.startswith(("postgres://", "postgresql://")) else None
+
+
+def pytest_env(postgres: bool) -> dict[str, str]:
+    """The subprocess environment: no bytecode written, and SQLite unless ``postgres``."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    if not postgres:
+        env.pop("DATABASE_URL", None)
+    return env
+
+
+def run_pytest(tests: Sequence[str], *, postgres: bool, timeout: float) -> tuple[int, str]:
+    """Exit status and output of pytest over ``tests``; a timeout counts as a failure (1)."""
+    command = [sys.executable, "-m", "pytest", *PYTEST_OPTIONS, *tests]
+    try:
+        done = subprocess.run(
+            command,
+            cwd=REPO_ROOT,
+            env=pytest_env(postgres),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return 1, f"TIMEOUT after {timeout:.0f} s"
+    return done.returncode, done.stdout + done.stderr
+
+
+def first_failure(output: str) -> str:
+    """The test pytest reported first as failed or in error, else the last line of output."""
+    # "FAILED tests/x.py::test[an id with spaces] - AssertionError: ...", not a log line
+    # such as "ERROR    ctxsum.compaction:compaction.py:390 ...".
+    summary = re.compile(r"^(?:FAILED|ERROR) (\S+\.py(?:::\S.*?)?)(?: - .*)?$", re.MULTILINE)
+    match = summary.search(output)
+    if match:
+        return match.group(1)
+    lines = [line for line in output.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def last_line(output: str) -> str:
+    """pytest's closing line ("3 passed in 2.1s"), without its frame of "=" signs."""
+    lines = [line.strip("= ") for line in output.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def run_mutant(mutant: Mutant, *, timeout: float) -> Result:
+    """Apply ``mutant``, run its selection, restore the file."""
+    result = Result(
+        mutant.name,
+        mutant.path,
+        mutant.database,
+        "skipped",
+        0.0,
+        survives=mutant.survives,
+        tests=list(mutant.tests),
+    )
+    if mutant.postgres and postgres_url() is None:
+        result.summary = "needs DATABASE_URL naming a PostgreSQL database"
+        return result
+    started = time.monotonic()
+    with applied(mutant):
+        status, output = run_pytest(mutant.tests, postgres=mutant.postgres, timeout=timeout)
+    result.seconds = round(time.monotonic() - started, 1)
+    result.summary = last_line(output)
+    if status not in (0, 1, 2):  # 1: a test failed; 2: the mutant broke collection
+        raise RuntimeError(f"{mutant.name}: pytest exited {status}:\n{output[-2000:]}")
+    if status:
+        result.status = "stale" if mutant.survives else "killed"
+        result.killed_by = first_failure(output)
+    else:
+        result.status = "expected" if mutant.survives else "survived"
+    return result
+
+
+def check_baseline(mutants: Sequence[Mutant], *, timeout: float) -> None:
+    """Every selection must pass on the unmutated code, or it would kill every mutant."""
+    for postgres in (False, True):
+        tests = sorted({test for m in mutants if m.postgres == postgres for test in m.tests})
+        if not tests or (postgres and postgres_url() is None):
+            continue
+        status, output = run_pytest(tests, postgres=postgres, timeout=timeout)
+        if status != 0:
+            raise SystemExit(f"The unmutated code fails {tests}:\n{output[-3000:]}")
+
+
+def print_table(results: Sequence[Result]) -> None:
+    """One line a mutant (status, seconds, the test that killed it), then the counts."""
+    width = max(len(result.name) for result in results)
+    for result in results:
+        detail = result.killed_by or result.survives or result.summary
+        print(
+            f"{result.name:<{width}}  {result.database:<10}  {result.status:<8}  "
+            f"{result.seconds:>6.1f}s  {detail}"
+        )
+    print(", ".join(f"{count} {status}" for status, count in counts(results).items()))
+
+
+def counts(results: Sequence[Result]) -> dict[str, int]:
+    return {status: sum(result.status == status for result in results) for status in STATUSES}
+
+
+def selected(names: Sequence[str] | None) -> list[Mutant]:
+    """The mutants named by ``--only``, in that order; all of them when none is named."""
+    if not names:
+        return list(MUTANTS)
+    known = {mutant.name: mutant for mutant in MUTANTS}
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise SystemExit(f"Unknown mutants: {', '.join(unknown)}")
+    return [known[name] for name in names]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.mutants",
+        description="Apply each hand-made mutant in turn and run the tests that should kill it.",
+    )
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument(
+        "--only", action="append", metavar="NAME", help="run this mutant only (repeatable)"
+    )
+    parser.add_argument("--output", type=Path, help="write the results as JSON here")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="seconds one selection may run (default %(default)s)",
+    )
+    parser.add_argument(
+        "--skip-baseline",
+        action="store_true",
+        help="do not run the selections on the unmutated code first",
+    )
+    return parser.parse_args(argv)
+
+
+def write_output(path: Path, results: Sequence[Result], seconds: float) -> None:
+    """The results as JSON: total seconds, counts by status, and one object a mutant."""
+    report = {
+        "seconds": round(seconds, 1),
+        "counts": counts(results),
+        "mutants": [asdict(result) for result in results],
+    }
+    path.write_text(json.dumps(report, indent=2) + "\n")
+
+
+def interrupted(signum: int, frame: object) -> None:
+    # A terminated run must still restore the mutated file: unwind through the finally.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status 0 when every mutant was killed or survived as expected, 1 otherwise."""
+    args = parse_args(argv)
+    mutants = selected(args.only)
+    check_table(MUTANTS)
+    if args.list:
+        for mutant in mutants:
+            tests = " ".join(mutant.tests)
+            print(f"{mutant.name:<36} {mutant.path:<32} {mutant.database:<10} {tests}")
+        return 0
+    use_tiktoken_cache()
+    signal.signal(signal.SIGTERM, interrupted)
+    started = time.monotonic()
+    if not args.skip_baseline:
+        check_baseline(mutants, timeout=args.timeout)
+    results = []
+    for mutant in mutants:
+        results.append(run_mutant(mutant, timeout=args.timeout))
+        print(f"{mutant.name}: {results[-1].status} ({results[-1].seconds:.1f} s)", flush=True)
+    seconds = time.monotonic() - started
+    print_table(results)
+    print(f"{len(results)} mutants in {seconds:.0f} s")
+    if args.output:
+        write_output(args.output, results, seconds)
+    return 1 if any(result.status in ("survived", "stale") for result in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
