@@ -77,7 +77,9 @@ DEFAULTS: dict[str, Any] = {
     # Largest message (its JSON, in bytes), largest batch, largest request body (bytes).
     "MAX_MESSAGE_BYTES": 1024 * 1024,
     "MAX_BATCH_MESSAGES": 1000,
-    "MAX_BODY_BYTES": 8 * 1024 * 1024,
+    # Django's own default for DATA_UPLOAD_MAX_MEMORY_SIZE, which must be at least this
+    # (ctxsum.E013): raise both together for larger bodies.
+    "MAX_BODY_BYTES": 2_621_440,
 }
 
 IMPORT_STRINGS = ("SUMMARIZER",)

@@ -132,10 +132,6 @@ _SUMMARIZERS = {
 }
 _summarizer = env("CTXSUM_SUMMARIZER", default="openai" if _has_openai else "offline")
 
-# Django refuses larger bodies before any view reads them; ctxsum's own limit
-# (MAX_BODY_BYTES, 8 MiB by default) answers 413 with the sizes. ctxsum.E013 checks the two agree.
-DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
-
 CTXSUM = {
     "SUMMARIZER": _SUMMARIZERS.get(_summarizer, _summarizer),
     "SUMMARY_MODEL": env("CTXSUM_SUMMARY_MODEL", default="gpt-4o-mini"),

@@ -115,7 +115,12 @@ def test_a_body_over_django_upload_limit_is_a_json_413(api, conversation, settin
     assert_json_error(response, 413, "too_large")
 
 
-def test_the_example_project_accepts_bodies_up_to_max_body_bytes(settings):
+def test_a_body_over_max_body_bytes_is_a_json_413_naming_both_sizes(api, conversation):
     from ctxsum.conf import ctxsum_settings
 
-    assert settings.DATA_UPLOAD_MAX_MEMORY_SIZE >= ctxsum_settings.MAX_BODY_BYTES
+    url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
+    limit = ctxsum_settings.MAX_BODY_BYTES
+    body = json.dumps({"role": "user", "content": "x" * limit})  # 3 MB: over 2.5 MiB
+    response = api.generic("POST", url, body, content_type="application/json")
+    detail = assert_json_error(response, 413, "too_large")["detail"]
+    assert str(len(body)) in detail and str(limit) in detail
