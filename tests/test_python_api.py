@@ -1,0 +1,103 @@
+"""The Python API: every write in ctxsum.services, every read in ctxsum.selectors, and one
+contract for the conversation passed in: the service re-reads and locks the row itself,
+then brings the caller's instance up to date with the row as it left it."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ctxsum import selectors, services
+from ctxsum.models import Conversation
+from tests.factories import OFFLINE_SUMMARIZER, turns
+
+pytestmark = pytest.mark.django_db
+LONG = "turn {i}: the traveller wants a morning flight to Delhi with a window seat " * 3
+
+WRITES = {
+    "conversation_create",
+    "conversation_update",
+    "conversation_delete",
+    "conversation_compact",
+    "conversation_rebuild",
+    "message_append",
+    "message_redact",
+    "file_import",
+}
+
+
+def test_services_export_every_write_and_take_keywords_only():
+    assert set(services.__all__) == WRITES
+    for name in WRITES - {"file_import"}:
+        parameters = inspect.signature(getattr(services, name)).parameters.values()
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters), name
+
+
+@pytest.fixture
+def conversation(user, settings):
+    settings.CTXSUM = {"SUMMARIZER": OFFLINE_SUMMARIZER}
+    return services.conversation_create(
+        owner=user, system="Sys.", trigger={"messages": 6}, keep={"messages": 2}
+    )
+
+
+def row(conversation: Conversation) -> dict:
+    fields = Conversation._meta.concrete_fields
+    fresh = Conversation.objects.get(pk=conversation.pk)
+    return {f.attname: getattr(fresh, f.attname) for f in fields}
+
+
+def mine(conversation: Conversation) -> dict:
+    return {f.attname: getattr(conversation, f.attname) for f in Conversation._meta.concrete_fields}
+
+
+def test_every_write_leaves_the_callers_instance_equal_to_the_row(conversation):
+    stale = Conversation.objects.get(pk=conversation.pk)  # another copy, left behind
+    services.message_append(conversation=conversation, messages=turns(7, LONG))
+    assert mine(conversation) == row(conversation)
+    assert conversation.message_count == 8 and stale.message_count == 1
+
+    result = services.conversation_compact(conversation=conversation)
+    assert result.compacted and result.context.conversation is conversation
+    assert mine(conversation) == row(conversation)
+
+    assert services.conversation_update(conversation=conversation, title="New") is conversation
+    assert mine(conversation) == row(conversation) and conversation.title == "New"
+
+    services.message_redact(conversation=conversation, seq=7)
+    assert mine(conversation) == row(conversation)
+
+    services.conversation_rebuild(conversation=conversation)
+    assert mine(conversation) == row(conversation)
+
+
+def test_a_stale_instance_only_names_the_row(conversation):
+    """A service reads the row itself: an outdated instance cannot write old counters."""
+    stale = Conversation.objects.get(pk=conversation.pk)
+    services.message_append(conversation=conversation, messages=turns(2))
+    services.message_append(conversation=stale, messages=turns(1))
+    assert stale.message_count == conversation.message_count + 1 == row(stale)["message_count"]
+
+
+def test_update_saves_only_what_changed(conversation, django_assert_num_queries):
+    services.conversation_update(conversation=conversation, title="Same")
+    revision = conversation.revision
+    with django_assert_num_queries(3):  # savepoint, locked read, release: no write
+        services.conversation_update(conversation=conversation, title="Same")
+    assert conversation.revision == revision
+
+
+def test_selectors_hold_every_read():
+    reads = {
+        "context_get",
+        "conversation_list",
+        "transcript_list",
+        "summary_list",
+        "conversation_stats",
+        "conversation_policy",
+        "conversation_effective_policy",
+        "stale_summaries",
+        "summary_is_stale",
+    }
+    assert all(callable(getattr(selectors, name)) for name in reads)
