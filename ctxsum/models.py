@@ -206,9 +206,10 @@ class Summary(models.Model):
     # A message this summary covers was redacted after it was written: rebuild it.
     covers_redacted = models.BooleanField(default=False)
     # The coverage check (ctxsum.coverage): the facts of the covered messages, each present or
-    # missing in the text, and the share present (NULL when there were none).
+    # missing in the text (NULL: not checked, for summaries older than the check), and the
+    # share present (NULL when there were none, or not checked).
     coverage = models.FloatField(null=True, blank=True)
-    coverage_facts = models.JSONField(default=list, blank=True)
+    coverage_facts = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = SummaryQuerySet.as_manager()

@@ -105,7 +105,7 @@ class Trigger:
             return False
         if self.messages is not None and message_count < self.messages:
             return False
-        return self.tokens is None or token_count > self.tokens
+        return self.tokens is None or token_count >= self.tokens
 
     def within(self, ratio: float, message_count: int, token_count: int) -> bool:
         """Whether a context of this size is at most ``ratio`` of the trigger in a unit it

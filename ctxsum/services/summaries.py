@@ -115,8 +115,9 @@ def summary_write(
 def summary_coverage(previous: Summary | None, archived: Sequence[Message], text: str) -> Coverage:
     """The coverage check of a new summary: the facts its previous version covered plus
     those of the messages it newly archives, each present or missing in ``text``."""
-    known = [(fact["kind"], fact["text"]) for fact in previous.coverage_facts] if previous else []
-    if previous is not None and previous.coverage is None and not known:
+    facts = previous.coverage_facts if previous is not None else []
+    known = [(fact["kind"], fact["text"]) for fact in facts or []]
+    if previous is not None and previous.coverage_facts is None:
         # Written before ctxsum kept coverage: read what it covered once.
         archived = [*_covered_rows(previous), *archived]
     texts = coverage.message_texts(row.as_openai() for row in archived)
