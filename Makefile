@@ -2,7 +2,7 @@
 # `make test` runs the test suite (SQLite; set DATABASE_URL for PostgreSQL), `make lint`
 # ruff and mypy, `make package-check` a real install of the package into a new project.
 
-.PHONY: venv run test lint check bench package-check docs
+.PHONY: venv run test lint check bench package-check docs screenshots
 
 PYTHON ?= python3
 VENV := .venv
@@ -53,6 +53,11 @@ check: venv
 # when it no longer matches what those requests answer.
 docs: venv
 	DATABASE_URL=sqlite://:memory: $(BIN)/python manage.py ctxsum_api_docs
+
+# The README's pictures of the admin, taken by the headless-browser test (Debian's chromium
+# and chromium-driver); the test suite itself writes them to a temporary folder.
+screenshots: venv
+	SCREENSHOTS_DIR=docs/images $(BIN)/pytest tests/test_admin_browser.py
 
 bench: venv
 	$(BIN)/python -m bench.replay

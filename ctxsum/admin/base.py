@@ -1,0 +1,66 @@
+"""What the model admins share: read-only registration for the rows only services write,
+and the generic admin classes, subscripted for mypy only."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.formats import date_format
+from django.utils.html import format_html
+from django.utils.text import Truncator
+from django.utils.timezone import localtime
+
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+
+if TYPE_CHECKING:
+    # The admin classes are generic in django-stubs only: subscripted for mypy, bare at run time.
+    ConversationModelAdmin = admin.ModelAdmin[Conversation]
+    SummaryModelAdmin = admin.ModelAdmin[Summary]
+    MessageModelAdmin = admin.ModelAdmin[Message]
+    AttemptModelAdmin = admin.ModelAdmin[CompactionAttempt]
+else:
+    ConversationModelAdmin = SummaryModelAdmin = admin.ModelAdmin
+    MessageModelAdmin = AttemptModelAdmin = admin.ModelAdmin
+
+
+class ReviewMediaMixin:
+    """The badges and the review pages' layout (ctxsum/admin/review.css), in the admin's
+    colour variables, so light and dark mode both work."""
+
+    class Media:
+        css = {"all": ("ctxsum/admin/review.css",)}
+
+
+class ReadOnlyMixin(ReviewMediaMixin):
+    """Messages, summaries and attempts are written by the services only: the admin shows
+    them and never adds, changes or deletes one (a conversation's delete takes its rows)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def badge(kind: str, text: object, hint: str = "") -> str:
+    """A small coloured label (styled by ctxsum/admin/review.css)."""
+    html = '<span class="ctxsum-badge ctxsum-{}" title="{}">{}</span>'
+    return format_html(html, kind, hint, text)
+
+
+def conversation_link(conversation: Conversation, *, chars: int = 40) -> str:
+    """The conversation's title, shortened, linking its review page (a list column)."""
+    url = reverse("admin:ctxsum_conversation_review", args=[conversation.pk])
+    return format_html('<a href="{}">{}</a>', url, Truncator(str(conversation)).chars(chars))
+
+
+def short_time(moment: datetime) -> str:
+    """A date and time in the short local format, which wraps in a narrow column."""
+    return date_format(localtime(moment), "SHORT_DATETIME_FORMAT")

@@ -1,0 +1,122 @@
+"""The list filters of the conversation and summary lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Exists, OuterRef, QuerySet
+from django.http import HttpRequest
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from ctxsum.admin import queries
+from ctxsum.conf import ctxsum_settings
+from ctxsum.models import CompactionAttempt, Summary
+from ctxsum.selectors import prompt_sha256, stale_summaries
+
+YES_NO = (("yes", _("Yes")), ("no", _("No")))
+NEVER = "never"
+
+
+class _Choices(admin.SimpleListFilter):
+    """A filter with fixed choices; subclasses say what each one keeps."""
+
+    options: tuple[tuple[str, Any], ...] = YES_NO
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        return self.options
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() is None:
+            return None
+        return self.keep(queryset, str(self.value()))
+
+    def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        raise NotImplementedError
+
+
+class _Matching(_Choices):
+    """Yes: the rows whose pk is in ``matching()``; no: the others."""
+
+    def matching(self) -> QuerySet[Any]:
+        raise NotImplementedError
+
+    def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        if value == "yes":
+            return queryset.filter(pk__in=self.matching())
+        return queryset.exclude(pk__in=self.matching())
+
+
+class HasSummariesFilter(_Choices):
+    title = _("summaries")
+    parameter_name = "has_summaries"
+    options = (("yes", _("Some")), ("no", _("None")))
+
+    def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        summarized = Exists(Summary.objects.filter(conversation=OuterRef("pk")))
+        return queryset.filter(summarized if value == "yes" else ~summarized)
+
+
+class StaleConversationFilter(_Matching):
+    title = _("stale summary")
+    parameter_name = "stale"
+
+    def matching(self) -> QuerySet[Any]:
+        return stale_summaries().values("conversation_id")
+
+
+class LastOutcomeFilter(_Choices):
+    title = _("last compaction")
+    parameter_name = "last_outcome"
+    options = (*CompactionAttempt.Outcome.choices, (NEVER, _("never attempted")))
+
+    def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        if value == NEVER:
+            return queryset.filter(last_outcome__isnull=True)
+        return queryset.filter(last_outcome=value)
+
+
+class SourceFilter(admin.SimpleListFilter):
+    title = _("source")
+    parameter_name = "source"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
+        return [(source, Truncator(source).chars(40)) for source in queries.source_choices()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() is None:
+            return None
+        return queryset.filter(source=self.value())
+
+
+class StaleSummaryFilter(_Matching):
+    """Stale: written under another prompt than the current one, or covering a message
+    redacted since (the active ones want a rebuild; superseded ones stay stale)."""
+
+    title = _("stale")
+    parameter_name = "stale"
+
+    def matching(self) -> QuerySet[Any]:
+        current = {
+            "prompt_version": ctxsum_settings.PROMPT_VERSION,
+            "prompt_sha256": prompt_sha256(ctxsum_settings.PROMPT),
+        }
+        return Summary.objects.stale(**current).values("pk")
+
+
+class CoverageFilter(_Choices):
+    title = _("coverage")
+    parameter_name = "coverage"
+    options = (
+        ("50", _("below 50 %")),
+        ("80", _("below 80 %")),
+        ("none", _("nothing to check")),
+    )
+
+    def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        if value == "none":
+            return queryset.filter(coverage__isnull=True)
+        if value in ("50", "80"):
+            return queryset.filter(coverage__lt=int(value) / 100)
+        return queryset

@@ -1,0 +1,213 @@
+"""The admin's reads: the annotated conversation list, pages of messages cut by ``seq``, the
+context preview. Each takes a fixed number of queries however long the conversation is."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from django.db.models import (
+    Count,
+    F,
+    IntegerField,
+    OuterRef,
+    QuerySet,
+    Subquery,
+    Sum,
+    TextField,
+    Value,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce, Greatest
+
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+
+PAGE_SIZE = 50
+# How many of the active context's newest messages the review page shows in full.
+CONTEXT_PREVIEW = 50
+# How many sources the list's source filter offers (the most frequent).
+SOURCE_CHOICES = 20
+
+
+def metadata_source() -> Cast:
+    """The metadata's "source" as text (cast: a JSON key transform compares as JSON)."""
+    return Cast(KeyTextTransform("source", "metadata"), output_field=TextField())
+
+
+def _count(queryset: QuerySet[Summary]) -> Subquery:
+    """COUNT(*) of a correlated subquery, one row per outer conversation."""
+    counted = (
+        queryset.order_by().values("conversation").annotate(total=Count("pk")).values("total")
+    )
+    return Subquery(counted, output_field=IntegerField())
+
+
+def conversation_rows(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
+    """Conversations with what their list shows, in the same query: ``source`` (the
+    metadata's), ``summary_total``, ``tokens_saved`` (archived messages' tokens less the
+    active summary's), ``last_outcome`` and ``last_attempt_at``."""
+    summaries = Summary.objects.filter(conversation=OuterRef("pk"))
+    archived = (
+        Message.objects.filter(conversation=OuterRef("pk"), summary__isnull=False)
+        .order_by()
+        .values("conversation")
+        .annotate(total=Sum("token_count"))
+        .values("total")
+    )
+    attempts = CompactionAttempt.objects.filter(conversation=OuterRef("pk")).order_by(
+        "-created_at", "-pk"
+    )
+    active_summary = summaries.filter(active=True).values("token_count")[:1]
+    return queryset.select_related("owner").annotate(
+        source=metadata_source(),
+        summary_total=Coalesce(_count(summaries), 0),
+        archived_tokens=Coalesce(Subquery(archived, output_field=IntegerField()), 0),
+        tokens_saved=Greatest(
+            Value(0),
+            F("archived_tokens") - Coalesce(Subquery(active_summary), 0),
+            output_field=IntegerField(),
+        ),
+        last_outcome=Subquery(attempts.values("outcome")[:1]),
+        last_attempt_at=Subquery(attempts.values("created_at")[:1]),
+    )
+
+
+def source_choices() -> list[str]:
+    """The most frequent metadata sources, most frequent first."""
+    rows = (
+        Conversation.objects.annotate(source=metadata_source())
+        .exclude(source__isnull=True)
+        .exclude(source="")
+        .values("source")
+        .annotate(total=Count("pk"))
+        .order_by("-total", "source")[:SOURCE_CHOICES]
+    )
+    return [row["source"] for row in rows]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeqPage:
+    """One page of messages cut by ``seq``: seq numbers are gapless, so a page is a range
+    of the (conversation, seq) index, with no COUNT and no OFFSET however deep it is."""
+
+    number: int
+    num_pages: int
+    start: int  # the first seq of the page
+    stop: int  # one past its last seq
+    messages: list[Message] = field(default_factory=list)
+
+    @property
+    def has_previous(self) -> bool:
+        return self.number > 1
+
+    @property
+    def has_next(self) -> bool:
+        return self.number < self.num_pages
+
+    @property
+    def previous_page_number(self) -> int:
+        return self.number - 1
+
+    @property
+    def next_page_number(self) -> int:
+        return self.number + 1
+
+    @property
+    def page_links(self) -> list[int | None]:
+        """The page numbers to link: the first, the last and two on either side of this
+        one; None where numbers are left out."""
+        wanted = {1, self.num_pages, *range(self.number - 2, self.number + 3)}
+        numbers = sorted(n for n in wanted if 1 <= n <= self.num_pages)
+        links: list[int | None] = []
+        for number in numbers:
+            if links and number - (links[-1] or 0) > 1:
+                links.append(None)
+            links.append(number)
+        return links
+
+
+def page_number(requested: object, num_pages: int) -> int:
+    """The page asked for, within 1..num_pages (anything else is the first page)."""
+    try:
+        number = int(str(requested))
+    except ValueError:
+        return 1
+    return min(max(number, 1), num_pages)
+
+
+def page_of(seq: int, *, first: int = 0, per_page: int = PAGE_SIZE) -> int:
+    """The page number that holds ``seq`` when pages start at ``first``."""
+    return (seq - first) // per_page + 1
+
+
+def seq_page(
+    messages: QuerySet[Message], *, first: int, last: int, page: object, per_page: int = PAGE_SIZE
+) -> SeqPage:
+    """Page ``page`` of ``messages`` with seq ``first``..``last``: one query."""
+    num_pages = max(1, math.ceil((last - first + 1) / per_page))
+    number = page_number(page, num_pages)
+    start = first + (number - 1) * per_page
+    stop = min(start + per_page, last + 1)
+    rows = list(messages.filter(seq__gte=start, seq__lt=stop).order_by("seq"))
+    return SeqPage(number=number, num_pages=num_pages, start=start, stop=stop, messages=rows)
+
+
+def transcript_page(conversation: Conversation, page: object) -> SeqPage:
+    """A page of the whole transcript, archived and replaced messages included, with the
+    summary that archived each one."""
+    messages = Message.objects.filter(conversation=conversation).select_related("summary")
+    return seq_page(messages, first=0, last=conversation.message_count - 1, page=page)
+
+
+def covered_page(summary: Summary, page: object) -> SeqPage:
+    """A page of the messages ``summary`` covers (from_seq..to_seq, cumulative); a leading
+    system message in the range is not summarized, so it is left out."""
+    messages = Message.objects.filter(
+        conversation_id=summary.conversation_id, is_leading=False
+    ).select_related("summary")
+    return seq_page(messages, first=summary.from_seq, last=summary.to_seq, page=page)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextPreview:
+    """The active context as the review page shows it: the pinned system message, the
+    active summary, and the newest active messages (``hidden`` older ones left out)."""
+
+    leading: Message | None
+    summary: Summary | None
+    recent: list[Message]
+    hidden: int
+
+
+def context_preview(conversation: Conversation, *, limit: int = CONTEXT_PREVIEW) -> ContextPreview:
+    """Three queries, whatever the length of the context."""
+    active = Message.objects.filter(conversation=conversation).active()
+    leading = active.filter(is_leading=True).first()
+    summary = Summary.objects.filter(conversation=conversation, active=True).first()
+    recent = list(active.filter(is_leading=False).order_by("-seq")[:limit])[::-1]
+    hidden = conversation.active_message_count - len(recent) - (leading is not None)
+    return ContextPreview(leading=leading, summary=summary, recent=recent, hidden=max(hidden, 0))
+
+
+def summary_next(summary: Summary) -> Summary | None:
+    """The version written after ``summary``, if any."""
+    return Summary.objects.filter(previous=summary).first()
+
+
+def summaries_covering(conversation: Conversation, seq: int) -> list[Summary]:
+    """The summaries whose range holds ``seq``: a redaction marks them stale."""
+    return list(
+        Summary.objects.filter(conversation=conversation, from_seq__lte=seq, to_seq__gte=seq)
+    )
+
+
+def recent_summaries(conversation: Conversation, *, limit: int = 10) -> list[Summary]:
+    return list(Summary.objects.filter(conversation=conversation).order_by("-version")[:limit])
+
+
+def recent_attempts(conversation: Conversation, *, limit: int = 10) -> list[CompactionAttempt]:
+    return list(
+        CompactionAttempt.objects.filter(conversation=conversation)
+        .select_related("summary")
+        .order_by("-created_at", "-pk")[:limit]
+    )

@@ -1,0 +1,96 @@
+"""Summaries: read-only; the list filters on staleness, coverage and origin, and the change
+page is the summary's review page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+
+from ctxsum.admin import filters, views
+from ctxsum.admin.base import ReadOnlyMixin, SummaryModelAdmin, badge, conversation_link, short_time
+from ctxsum.admin.rendering import stale_reasons
+from ctxsum.models import Summary
+
+
+@admin.register(Summary)
+class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
+    list_display = (
+        "summary",
+        "conversation_title",
+        "prompt",
+        "coverage_label",
+        "covers",
+        "created",
+    )
+    list_filter = (
+        filters.StaleSummaryFilter,
+        filters.CoverageFilter,
+        "origin",
+        "active",
+        "superseded",
+    )
+    list_select_related = ("conversation",)
+    ordering = ("-created_at", "-version")
+    list_per_page = 50
+    show_full_result_count = False
+    search_fields = ("conversation__id", "conversation__title", "text")
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).select_related("conversation", "previous")
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """The review page: a summary is never edited."""
+        if request.method not in ("GET", "HEAD"):
+            return HttpResponseNotAllowed(["GET", "HEAD"])
+        return views.summary_review(self, request, object_id)
+
+    @admin.display(description=_("summary"), ordering="version")
+    def summary(self, obj: Summary) -> str:
+        """The version, whether it is the active one (or superseded by a rebuild), and
+        whether a rebuild wrote it."""
+        origin = badge("rebuild", _("rebuild")) if obj.origin == Summary.Origin.REBUILD else ""
+        return format_html("v{} {} {}", obj.version, self.state(obj), origin)
+
+    @admin.display(description=_("conversation"), ordering="conversation__title")
+    def conversation_title(self, obj: Summary) -> str:
+        return conversation_link(obj.conversation)
+
+    def state(self, obj: Summary) -> str:
+        if obj.active:
+            return badge("active", _("active"))
+        if obj.superseded:
+            return badge("superseded", _("superseded"))
+        return ""
+
+    @admin.display(description=_("prompt"), ordering="prompt_version")
+    def prompt(self, obj: Summary) -> str:
+        reasons = stale_reasons(obj)
+        state = badge("stale", _("stale"), "; ".join(reasons)) if reasons else badge(
+            "current", _("current")
+        )
+        return format_html("{} {}", obj.prompt_version, state)
+
+    @admin.display(description=_("coverage"), ordering="coverage")
+    def coverage_label(self, obj: Summary) -> str:
+        if obj.coverage is None:
+            return str(self.get_empty_value_display())
+        kind = "low" if obj.coverage < 0.5 else "fair" if obj.coverage < 0.8 else "good"
+        return badge(kind, f"{obj.coverage:.0%}")
+
+    @admin.display(description=_("covers"), ordering="to_seq")
+    def covers(self, obj: Summary) -> str:
+        return f"#{obj.from_seq}-{obj.to_seq}"
+
+    @admin.display(description=_("created"), ordering="created_at")
+    def created(self, obj: Summary) -> str:
+        return short_time(obj.created_at)
