@@ -30,6 +30,7 @@ NOT_AN_OBJECT = _('{field} must be an object such as {{"messages": 20}} or {{"to
 UNKNOWN_KEYS = _("{field} has unknown keys {keys}; the allowed keys are messages and tokens.")
 NOT_POSITIVE_INT = _("{field}.{unit} must be a positive integer, not {value!r}.")
 NOT_POSITIVE = _("{field} must be a positive integer or null, not {value!r}.")
+TOO_LARGE = _("{field} must be at most {limit}, not {value!r}.")
 TRIGGER_EMPTY = _("trigger needs at least one of messages or tokens.")
 KEEP_NOT_ONE_UNIT = _("keep needs exactly one of messages or tokens.")
 KEEP_NOT_BELOW_TRIGGER = _(
@@ -44,6 +45,8 @@ KEEP_LEAVES_NO_ROOM = _(
 # What a compacted context holds besides the kept tail: the leading system message and the
 # summary.
 PINNED_MAX = 2
+# The largest max_context_tokens a conversation can store (its column's range everywhere).
+MAX_CONTEXT_TOKENS_LIMIT = 2**31 - 1
 # The smallest summary length a compaction asks for, in tokens.
 MIN_SUMMARY_BUDGET = 32
 
@@ -83,6 +86,9 @@ def _check_amount(field: str, unit: str, value: object) -> None:
     if value is not None and (type(value) is not int or value < 1):
         message = NOT_POSITIVE_INT if unit else NOT_POSITIVE
         raise PolicyError(field, message.format(field=field, unit=unit, value=value))
+    if not unit and isinstance(value, int) and value > MAX_CONTEXT_TOKENS_LIMIT:
+        limit = MAX_CONTEXT_TOKENS_LIMIT
+        raise PolicyError(field, TOO_LARGE.format(field=field, limit=limit, value=value))
 
 
 @dataclass(frozen=True, kw_only=True)

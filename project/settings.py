@@ -116,6 +116,8 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "ctxsum",
     "DESCRIPTION": "Conversations stored in Django and compacted by versioned LLM summaries.",
     "VERSION": "0.1.0",
+    # 3.1: its schemas are JSON Schema, so null is spelled as such (ctxsum describes 3.0 too).
+    "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Swagger UI from the drf-spectacular-sidecar package: the docs page needs no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",

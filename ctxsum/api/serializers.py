@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ctxsum import selectors
+from ctxsum.api import schema
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.policy import Reason
+from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
 from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
 
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
@@ -42,13 +44,41 @@ class StringField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+# JSON taken as it comes, for the service to check; each says what it should be.
+
+
+@extend_schema_field(schema.ChatMessage)
+class MessageField(serializers.JSONField):
+    """One OpenAI chat message."""
+
+
+@extend_schema_field(schema.MessageList)
+class MessageListField(serializers.JSONField):
+    """A non-empty list of OpenAI chat messages."""
+
+
+@extend_schema_field(schema.Trigger)
+class TriggerField(serializers.JSONField):
+    """``{"messages": N, "tokens": N}``, either key or both."""
+
+
+@extend_schema_field(schema.Keep)
+class KeepField(serializers.JSONField):
+    """``{"messages": N}`` or ``{"tokens": N}``."""
+
+
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_TOKENS_LIMIT})
+class MaxContextTokensField(serializers.JSONField):
+    """Checked by the service (a positive integer the column can hold, or null)."""
+
+
 class PolicyInputSerializer(StrictSerializer):
     """Overrides of the settings' policy; null resets one to the default. The rules are
     checked by the service, against each other and the defaults."""
 
-    trigger = serializers.JSONField(required=False, allow_null=True)
-    keep = serializers.JSONField(required=False, allow_null=True)
-    max_context_tokens = serializers.JSONField(required=False, allow_null=True)
+    trigger = TriggerField(required=False, allow_null=True)
+    keep = KeepField(required=False, allow_null=True)
+    max_context_tokens = MaxContextTokensField(required=False, allow_null=True)
 
 
 class ConversationInputSerializer(StrictSerializer):
@@ -62,14 +92,14 @@ class ConversationInputSerializer(StrictSerializer):
 
 
 class ConversationCreateInputSerializer(ConversationInputSerializer):
-    messages = serializers.ListField(child=serializers.JSONField(), required=False)
+    messages = serializers.ListField(child=MessageField(), required=False)
 
 
 class MessageBatchInputSerializer(StrictSerializer):
     """``{"messages": [...]}``; each message is checked by the service, which names the
     index and field of every error. A lone message object is taken as a batch of one."""
 
-    messages = serializers.JSONField()
+    messages = MessageListField()
 
 
 class CompactInputSerializer(StrictSerializer):
@@ -78,6 +108,10 @@ class CompactInputSerializer(StrictSerializer):
 
 
 # --------------------------------------------------------------------------- output
+
+
+class ApiRootOutputSerializer(serializers.Serializer[Any]):
+    conversations = serializers.URLField()
 
 
 class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
@@ -99,7 +133,10 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
             "active",
             "created_at",
         ]
+        # Output only: every field is in every answer.
+        read_only_fields = fields
 
+    @extend_schema_field(schema.Covers)
     def get_covers(self, summary: Summary) -> dict[str, int]:
         return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
 
@@ -114,6 +151,7 @@ class MessageOutputSerializer(serializers.ModelSerializer[Message]):
     class Meta:
         model = Message
         fields = ["seq", "token_count", "archived", "summary_version", "replaced", "created_at"]
+        read_only_fields = fields
 
     def to_representation(self, message: Message) -> dict[str, Any]:
         return {**message.as_openai(), **super().to_representation(message)}
@@ -146,10 +184,13 @@ class ConversationOutputSerializer(serializers.ModelSerializer[Conversation]):
             "created_at",
             "updated_at",
         ]
+        read_only_fields = fields
 
+    @extend_schema_field(schema.Policy)
     def get_policy(self, conversation: Conversation) -> dict[str, Any]:
         return {key: getattr(conversation, key) for key in POLICY_KEYS}
 
+    @extend_schema_field(schema.EffectivePolicy)
     def get_effective_policy(self, conversation: Conversation) -> dict[str, Any]:
         return selectors.conversation_effective_policy(conversation)
 
@@ -157,7 +198,7 @@ class ConversationOutputSerializer(serializers.ModelSerializer[Conversation]):
 class ContextOutputSerializer(serializers.Serializer[Any]):
     """The active context (a ``selectors.ActiveContext``), as it would be sent now."""
 
-    messages = serializers.ListField(child=serializers.DictField())
+    messages = serializers.ListField(child=MessageField())
     token_count = serializers.IntegerField()
     summary = SummaryOutputSerializer(allow_null=True)
     revision = serializers.IntegerField()
@@ -174,15 +215,19 @@ class ConversationDetailOutputSerializer(ConversationOutputSerializer):
 
     class Meta(ConversationOutputSerializer.Meta):
         fields = [*ConversationOutputSerializer.Meta.fields, "system", "summary", "stats"]
+        read_only_fields = fields
 
+    @extend_schema_field(schema.SystemPrompt)
     def get_system(self, conversation: Conversation) -> Any:
         active: selectors.ActiveContext = self.context["active"]
         return active.rows[0].content if active.leading else None
 
+    @extend_schema_field(SummaryOutputSerializer(allow_null=True))
     def get_summary(self, conversation: Conversation) -> dict[str, Any] | None:
         summary = self.context["active"].summary
         return SummaryOutputSerializer(summary).data if summary else None
 
+    @extend_schema_field(schema.ConversationStats)
     def get_stats(self, conversation: Conversation) -> dict[str, int]:
         return selectors.conversation_stats(conversation=conversation)
 
@@ -191,7 +236,7 @@ class AutoCompactionOutputSerializer(serializers.Serializer[Any]):
     """What the compaction after an append did (``services.AutoCompaction``)."""
 
     compacted = serializers.BooleanField()
-    reason = serializers.CharField()
+    reason = serializers.ChoiceField(choices=Reason.choices())
     summary_version = serializers.IntegerField(allow_null=True)
     over_trigger = serializers.BooleanField()
     detail = serializers.CharField(allow_blank=True)
@@ -215,7 +260,7 @@ class CompactionOutputSerializer(serializers.Serializer[Any]):
     was not reached."""
 
     compacted = serializers.BooleanField()
-    reason = serializers.CharField()
+    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.COMPACTION_REASONS])
     over_trigger = serializers.BooleanField()
     summary = SummaryOutputSerializer(allow_null=True)
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
@@ -228,6 +273,7 @@ class CompactionOutputSerializer(serializers.Serializer[Any]):
             del data["plan"]
         return data
 
+    @extend_schema_field(schema.CompactionPlan)
     def get_plan(self, result: Any) -> dict[str, Any] | None:
         plan, archived = result.plan, result.archived
         if plan is None or result.reason == Reason.BELOW_TRIGGER:

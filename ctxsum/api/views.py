@@ -12,18 +12,22 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.http import Http404
 from django.utils.translation import gettext_lazy as _
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
 from ctxsum import selectors, services
+from ctxsum.api import schema
 from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.serializers import (
     POLICY_KEYS,
+    ApiRootOutputSerializer,
     AppendOutputSerializer,
     CompactInputSerializer,
     CompactionOutputSerializer,
@@ -97,6 +101,9 @@ class Pagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
 
+    def get_paginated_response_schema(self, results: dict[str, Any]) -> dict[str, Any]:
+        return schema.page(super().get_paginated_response_schema(results))
+
 
 class CtxsumView(GenericAPIView[Any]):
     """Shared behaviour: owner-scoped lookups, body limits, domain errors as HTTP errors."""
@@ -104,6 +111,9 @@ class CtxsumView(GenericAPIView[Any]):
     pagination_class = Pagination
     # Every endpoint needs a user, whatever the project's DRF defaults say.
     permission_classes = [IsAuthenticated]
+    # Bodies are JSON, whatever the project's defaults say: a form or multipart body is a 415
+    # (its uploaded files were values no message or field can hold).
+    parser_classes = [JSONParser]
 
     @classmethod
     def as_view(cls, **initkwargs: Any) -> Any:
@@ -190,17 +200,36 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
 
 
 class ApiRoot(CtxsumView):
+    serializer_class = ApiRootOutputSerializer
+
+    @extend_schema(
+        operation_id="api_root",
+        summary="Links to the API's collections",
+        responses={200: ApiRootOutputSerializer, **schema.errors()},
+    )
     def get(self, request: Request) -> Response:
-        return Response({"conversations": reverse("ctxsum:conversation-list", request=request)})
+        url = reverse("ctxsum:conversation-list", request=request)
+        return Response(ApiRootOutputSerializer({"conversations": url}).data)
 
 
 class ConversationList(CtxsumView):
     serializer_class = ConversationCreateInputSerializer
 
+    @extend_schema(
+        operation_id="conversations_list",
+        summary="The caller's conversations, newest first",
+        responses={200: ConversationOutputSerializer(many=True), **schema.errors()},
+    )
     def get(self, request: Request) -> Response:
         page = self.paginate_queryset(selectors.conversation_list(owner=request.user))
         return self.get_paginated_response(ConversationOutputSerializer(page, many=True).data)
 
+    @extend_schema(
+        operation_id="conversations_create",
+        summary="Create a conversation, with its system prompt and first messages",
+        request=ConversationCreateInputSerializer,
+        responses={201: ConversationDetailOutputSerializer, **schema.errors(*schema.BODY)},
+    )
     def post(self, request: Request) -> Response:
         serializer = ConversationCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -218,9 +247,22 @@ class ConversationList(CtxsumView):
 class ConversationDetail(CtxsumView):
     serializer_class = ConversationInputSerializer
 
+    @extend_schema(
+        operation_id="conversations_retrieve",
+        summary="One conversation with its system prompt, active summary and stats",
+        parameters=[schema.CONVERSATION_ID],
+        responses={200: ConversationDetailOutputSerializer, **schema.errors()},
+    )
     def get(self, request: Request, pk: str) -> Response:
         return Response(_detail(self.get_conversation()))
 
+    @extend_schema(
+        operation_id="conversations_partial_update",
+        summary="Change the title, metadata, model, policy or system prompt",
+        parameters=[schema.CONVERSATION_ID],
+        request=ConversationInputSerializer,
+        responses={200: ConversationDetailOutputSerializer, **schema.errors(*schema.BODY)},
+    )
     def patch(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
         serializer = ConversationInputSerializer(data=request.data, partial=True)
@@ -233,6 +275,12 @@ class ConversationDetail(CtxsumView):
             raise _nest_policy_errors(error) from error
         return Response(_detail(conversation))
 
+    @extend_schema(
+        operation_id="conversations_destroy",
+        summary="Delete a conversation with its messages and summaries",
+        parameters=[schema.CONVERSATION_ID],
+        responses={204: None, **schema.errors()},
+    )
     def delete(self, request: Request, pk: str) -> Response:
         services.conversation_delete(conversation=self.get_conversation())
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -241,11 +289,26 @@ class ConversationDetail(CtxsumView):
 class MessageList(CtxsumView):
     serializer_class = MessageBatchInputSerializer
 
+    @extend_schema(
+        operation_id="messages_list",
+        summary="The transcript: every message in seq order, archived and replaced ones too",
+        parameters=[schema.CONVERSATION_ID],
+        responses={200: MessageOutputSerializer(many=True), **schema.errors()},
+    )
     def get(self, request: Request, pk: str) -> Response:
         transcript = selectors.transcript_list(conversation=self.get_conversation())
         page = self.paginate_queryset(transcript)
         return self.get_paginated_response(MessageOutputSerializer(page, many=True).data)
 
+    @extend_schema(
+        operation_id="messages_create",
+        summary="Append one message, or a batch (all or none)",
+        description='The body is one message, or `{"messages": [...]}`. Errors name the '
+        'field, and for a batch the message (`{"messages": [{}, {"role": [...]}]}`).',
+        parameters=[schema.CONVERSATION_ID],
+        request=schema.MessagesAppend,
+        responses={201: AppendOutputSerializer, **schema.errors(*schema.BODY)},
+    )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
         batch = isinstance(request.data, dict) and "messages" in request.data
@@ -266,6 +329,12 @@ class MessageList(CtxsumView):
 class ContextDetail(CtxsumView):
     serializer_class = ContextOutputSerializer
 
+    @extend_schema(
+        operation_id="context_retrieve",
+        summary="The active context, as it would be sent to a model now",
+        parameters=[schema.CONVERSATION_ID],
+        responses={200: ContextOutputSerializer, **schema.errors()},
+    )
     def get(self, request: Request, pk: str) -> Response:
         context = selectors.context_get(conversation=self.get_conversation())
         return Response(ContextOutputSerializer(context).data)
@@ -274,6 +343,13 @@ class ContextDetail(CtxsumView):
 class ConversationCompact(CtxsumView):
     serializer_class = CompactInputSerializer
 
+    @extend_schema(
+        operation_id="conversations_compact",
+        summary="Compact now: summarize what the policy archives",
+        parameters=[schema.CONVERSATION_ID],
+        request=CompactInputSerializer,
+        responses={200: CompactionOutputSerializer, **schema.errors(*schema.BODY, 502)},
+    )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
         serializer = CompactInputSerializer(data=request.data)
@@ -291,6 +367,12 @@ class ConversationCompact(CtxsumView):
 class SummaryList(CtxsumView):
     serializer_class = SummaryOutputSerializer
 
+    @extend_schema(
+        operation_id="summaries_list",
+        summary="Every summary version, newest first",
+        parameters=[schema.CONVERSATION_ID],
+        responses={200: SummaryOutputSerializer(many=True), **schema.errors()},
+    )
     def get(self, request: Request, pk: str) -> Response:
         page = self.paginate_queryset(selectors.summary_list(conversation=self.get_conversation()))
         return self.get_paginated_response(SummaryOutputSerializer(page, many=True).data)

@@ -45,6 +45,7 @@ INVALID_CONVERSATIONS = [
     {"policy": {"trigger": {"messages": 4}, "keep": {"messages": 4}}},
     {"policy": {"trigger": {"messages": 12}, "keep": {"messages": 10}}},
     {"policy": {"max_context_tokens": 0}},
+    {"policy": {"max_context_tokens": 3_000_000_000}},
     {"policy": {"ceiling": 5}},
     {"title": 5},
     {"messages": [{"role": "user", "content": "hi", "foo": 1}]},

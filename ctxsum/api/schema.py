@@ -1,0 +1,631 @@
+"""The OpenAPI description of the REST API, for drf-spectacular: what no serializer field says.
+
+Messages travel in OpenAI's chat format, which the service checks by hand
+(``ctxsum.validation``); the components here say the same in JSON Schema, built from that
+module's constants. Each ``RawSchema`` subclass is a component whose schema is written out
+(``build``) instead of derived from fields; serializers point at them with
+``extend_schema_field`` and views with ``extend_schema``. The extensions at the end describe
+the serializers whose answers are assembled by hand.
+
+Nothing here runs when a request is answered: it is read when a schema is generated, and it
+follows the project's ``SPECTACULAR_SETTINGS["OAS_VERSION"]`` (3.0 or 3.1) where the two
+spell null differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.plumbing import is_jsonschema_compliant
+from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse
+from rest_framework import serializers
+
+from ctxsum.conf import ctxsum_settings
+from ctxsum.policy import UNITS, Reason
+from ctxsum.validation import (
+    AUDIO_FORMATS,
+    MAX_ID_LENGTH,
+    MAX_NAME_LENGTH,
+    PART_BODIES,
+    PART_TYPES,
+    ROLES,
+)
+
+if TYPE_CHECKING:
+    from drf_spectacular.openapi import AutoSchema
+
+Schema = dict[str, Any]
+# Names a component (a RawSchema or a plain serializer) and adds it to the document.
+Ref = Callable[[type[serializers.Serializer[Any]]], Schema]
+
+# The path's id: drf-spectacular cannot tell its form from the URLconf's str converter.
+CONVERSATION_ID = OpenApiParameter(
+    "id",
+    str,
+    OpenApiParameter.PATH,
+    description="The conversation's id: a UUID in its canonical lower-case form.",
+    pattern="^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _null() -> Schema:
+    """A schema that only null matches."""
+    if is_jsonschema_compliant():
+        return {"type": "null"}
+    # OpenAPI 3.0 has no null type; an enum of null is the nearest it comes. Wrapped, so
+    # drf-spectacular's enum hook does not take it for a choice set (and drop the null).
+    return {"allOf": [{"enum": [None]}]}
+
+
+def _or_null(schema: Schema) -> Schema:
+    """``schema``, or null."""
+    if "type" in schema:
+        if is_jsonschema_compliant():
+            return {**schema, "type": [schema["type"], "null"]}
+        return {**schema, "nullable": True}
+    if "oneOf" in schema or "anyOf" in schema:
+        key = "oneOf" if "oneOf" in schema else "anyOf"
+        return {**schema, key: [*schema[key], _null()]}
+    return {"oneOf": [schema, _null()]}
+
+
+def _string(min_length: int = 0, max_length: int | None = None) -> Schema:
+    schema: Schema = {"type": "string"}
+    if min_length:
+        schema["minLength"] = min_length
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    return schema
+
+
+def _const(value: str) -> Schema:
+    return {"type": "string", "enum": [value]}
+
+
+def _object(properties: Schema, required: Iterable[str] = (), **extra: Any) -> Schema:
+    """A closed object: keys other than ``properties`` are refused, as the API refuses them."""
+    schema: Schema = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = list(required)
+    return {**schema, **extra}
+
+
+def _positive_integer() -> Schema:
+    return {"type": "integer", "minimum": 1}
+
+
+class RawSchema(serializers.Serializer[Any]):
+    """A component whose JSON Schema is written out in ``build``; ``ref`` names another one
+    (and adds it to the document). Never used to validate anything."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _part(kind: str, body: Schema) -> Schema:
+    return _object({"type": _const(kind), kind: body}, required=("type", kind))
+
+
+class _StringPart(RawSchema):
+    kind: ClassVar[str]
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return _part(cls.kind, _string())
+
+
+class TextPart(_StringPart):
+    kind = "text"
+
+
+class RefusalPart(_StringPart):
+    kind = "refusal"
+
+
+class ImageUrlPart(RawSchema):
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        detail = _or_null({"type": "string", "enum": ["auto", "low", "high", None]})
+        body = {"url": _string(min_length=1), "detail": detail}
+        assert set(body) == set(PART_BODIES["image_url"])
+        return _part("image_url", _object(body, required=("url",)))
+
+
+class InputAudioPart(RawSchema):
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        body = {"data": _string(min_length=1), "format": {"type": "string", "enum": AUDIO_FORMATS}}
+        return _part("input_audio", _object(body, required=("data", "format")))
+
+
+class FilePart(RawSchema):
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        keys = PART_BODIES["file"]
+        # file_data or file_id, not blank; filename alone names nothing.
+        either = [
+            {"required": [key], "properties": {key: _string(min_length=1)}} for key in keys[:2]
+        ]
+        return _part("file", _object({key: _string() for key in keys}, anyOf=either))
+
+
+PARTS: dict[str, type[RawSchema]] = {
+    "text": TextPart,
+    "refusal": RefusalPart,
+    "image_url": ImageUrlPart,
+    "input_audio": InputAudioPart,
+    "file": FilePart,
+}
+
+
+class _Content(RawSchema):
+    """Text, or a non-empty list of the content parts ``role`` may send."""
+
+    role: ClassVar[str]
+    parts: ClassVar[str]
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        parts = [ref(PARTS[kind]) for kind in PART_TYPES[cls.role]]
+        items = parts[0] if len(parts) == 1 else {"oneOf": parts}
+        return {
+            "description": f"Text, or a non-empty list of {cls.parts}.",
+            "oneOf": [_string(), {"type": "array", "minItems": 1, "items": items}],
+        }
+
+
+class TextContent(_Content):
+    role, parts = "system", "text parts"
+
+
+class UserContent(_Content):
+    role, parts = "user", "text, image, audio and file parts"
+
+
+class AssistantContent(_Content):
+    role, parts = "assistant", "text and refusal parts"
+
+
+class ToolCall(RawSchema):
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        function = _object(
+            {"name": _string(1, MAX_ID_LENGTH), "arguments": _string()},
+            required=("name", "arguments"),
+            description="`arguments` is the JSON text the model wrote, not parsed.",
+        )
+        return _object(
+            {"id": _string(1, MAX_ID_LENGTH), "type": _const("function"), "function": function},
+            required=("id", "type", "function"),
+            description="A call's id is unique within its message.",
+        )
+
+
+def _name() -> Schema:
+    return {**_string(1, MAX_NAME_LENGTH), "description": "The participant's name."}
+
+
+def _tool_call_id() -> Schema:
+    return {
+        **_string(1, MAX_ID_LENGTH),
+        "description": "The id of a tool call of an earlier assistant message of the "
+        "conversation that no summary has archived and no result answers yet.",
+    }
+
+
+def _tool_calls(ref: Ref) -> Schema:
+    return {"type": "array", "minItems": 1, "items": ref(ToolCall)}
+
+
+def _extras() -> Schema:
+    """The provider-reply fields an assistant message may carry, returned as given."""
+    return {
+        "refusal": _or_null(_string()),
+        "annotations": _or_null({"type": "array", "items": {}}),
+        "audio": _or_null({"type": "object"}),
+        "reasoning_content": _or_null(_string()),
+    }
+
+
+class _PlainMessage(RawSchema):
+    """A message of a role that neither calls tools nor carries a reply's extras."""
+
+    role: ClassVar[str]
+    content_schema: ClassVar[type[RawSchema]] = TextContent
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        # tool_calls and tool_call_id may be sent as null by any role (SDKs dump them so).
+        properties = {
+            "role": _const(cls.role),
+            "content": ref(cls.content_schema),
+            "name": _name(),
+            "tool_calls": _null(),
+            "tool_call_id": _null(),
+        }
+        return _object(properties, required=("role", "content"))
+
+
+class SystemMessage(_PlainMessage):
+    role = "system"
+
+
+class DeveloperMessage(_PlainMessage):
+    role = "developer"
+
+
+class UserMessage(_PlainMessage):
+    role, content_schema = "user", UserContent
+
+
+class ToolMessage(_PlainMessage):
+    role = "tool"
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        schema = super().build(ref)
+        schema["properties"]["tool_call_id"] = _tool_call_id()
+        schema["required"].append("tool_call_id")
+        return schema
+
+
+class AssistantMessage(RawSchema):
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        properties = {
+            "role": _const("assistant"),
+            "content": _or_null(ref(AssistantContent)),
+            "name": _name(),
+            "tool_calls": _or_null(_tool_calls(ref)),
+            "tool_call_id": _null(),
+            **_extras(),
+        }
+        # content may be null or left out only when the reply called tools, refused or spoke.
+        reasons = {
+            "content": ref(AssistantContent),
+            "tool_calls": {"type": "array"},
+            "refusal": _string(min_length=1),
+            "audio": {"type": "object", "minProperties": 1},
+        }
+        either = [{"required": [key], "properties": {key: value}} for key, value in reasons.items()]
+        return _object(properties, required=("role",), anyOf=either)
+
+
+MESSAGES: dict[str, type[RawSchema]] = {
+    "system": SystemMessage,
+    "developer": DeveloperMessage,
+    "user": UserMessage,
+    "assistant": AssistantMessage,
+    "tool": ToolMessage,
+}
+assert tuple(MESSAGES) == ROLES
+
+
+class ChatMessage(RawSchema):
+    """An OpenAI chat completions message; its ``role`` says which fields it may have."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        variants = {role: ref(message) for role, message in MESSAGES.items()}
+        return {
+            "description": "A message as OpenAI's chat completions API takes it. Any other "
+            "field is refused, and so are a NUL character, an unpaired surrogate and a "
+            "number that is not finite anywhere in it.",
+            "oneOf": list(variants.values()),
+            "discriminator": {
+                "propertyName": "role",
+                "mapping": {role: variant["$ref"] for role, variant in variants.items()},
+            },
+        }
+
+
+class MessageList(RawSchema):
+    """The messages of a batch (``{"messages": [...]}``): stored all or none."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": ctxsum_settings.MAX_BATCH_MESSAGES,
+            "items": ref(ChatMessage),
+        }
+
+
+class MessagesAppend(RawSchema):
+    """One message, or ``{"messages": [...]}``."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        batch = _object({"messages": ref(MessageList)}, required=("messages",))
+        return {"oneOf": [ref(ChatMessage), batch]}
+
+
+def openai_message_properties(ref: Ref) -> Schema:
+    """The OpenAI fields of a stored message: whichever its role allows, as it was sent."""
+    contents = [ref(TextContent), ref(UserContent), ref(AssistantContent)]
+    return {
+        "role": {"type": "string", "enum": list(ROLES)},
+        "content": _or_null({"anyOf": contents}),
+        "name": _name(),
+        "tool_calls": _tool_calls(ref),
+        "tool_call_id": _string(1, MAX_ID_LENGTH),
+        **_extras(),
+    }
+
+
+class SystemPrompt(RawSchema):
+    """The leading system (or developer) message's content; null when there is none."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return _or_null(ref(TextContent))
+
+
+# --------------------------------------------------------------------------- policy
+
+
+class Trigger(RawSchema):
+    """When to compact; with both keys set, both thresholds must be reached."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        properties = {unit: _or_null(_positive_integer()) for unit in UNITS}
+        either = [{"required": [unit], "properties": {unit: {"type": "integer"}}} for unit in UNITS]
+        return _object(properties, anyOf=either)
+
+
+class Keep(RawSchema):
+    """How much recent history stays verbatim: exactly one of ``messages`` or ``tokens``."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        one_of = [
+            _object(
+                {unit: _positive_integer(), **{other: _null() for other in UNITS if other != unit}},
+                required=(unit,),
+            )
+            for unit in UNITS
+        ]
+        return {"oneOf": one_of}
+
+
+def _policy(ref: Ref, *, effective: bool) -> Schema:
+    trigger, keep = ref(Trigger), ref(Keep)
+    return _object(
+        {
+            "trigger": trigger if effective else _or_null(trigger),
+            "keep": keep if effective else _or_null(keep),
+            "max_context_tokens": _or_null(_positive_integer()),
+        },
+        required=("trigger", "keep", "max_context_tokens"),
+    )
+
+
+class Policy(RawSchema):
+    """The conversation's own overrides; null means the settings' default applies."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return _policy(ref, effective=False)
+
+
+class EffectivePolicy(RawSchema):
+    """The policy in force: the overrides, else the settings' defaults."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return _policy(ref, effective=True)
+
+
+# --------------------------------------------------------------------------- answers
+
+
+class ConversationStats(serializers.Serializer[Any]):
+    message_count = serializers.IntegerField(min_value=0)
+    active_message_count = serializers.IntegerField(min_value=0)
+    archived_message_count = serializers.IntegerField(min_value=0)
+    active_tokens = serializers.IntegerField(min_value=0)
+    summary_count = serializers.IntegerField(min_value=0)
+    compaction_count = serializers.IntegerField(min_value=0)
+    tokens_saved = serializers.IntegerField(
+        min_value=0, help_text="Tokens of the archived messages minus the active summary's."
+    )
+
+
+class Covers(serializers.Serializer[Any]):
+    """The messages a summary replaces, cumulative: from the first summarized one."""
+
+    from_seq = serializers.IntegerField(min_value=0)
+    to_seq = serializers.IntegerField(min_value=0)
+
+
+class ArchivedRange(serializers.Serializer[Any]):
+    count = serializers.IntegerField(min_value=0)
+    from_seq = serializers.IntegerField(min_value=0, allow_null=True)
+    to_seq = serializers.IntegerField(min_value=0, allow_null=True)
+
+
+class CompactionPlan(serializers.Serializer[Any]):
+    """What the compaction archives and keeps; ``tokens_after`` counts the summary at its
+    length budget."""
+
+    archive = ArchivedRange()
+    keep_count = serializers.IntegerField(min_value=0)
+    tokens_before = serializers.IntegerField(min_value=0)
+    tokens_after = serializers.IntegerField(min_value=0)
+
+
+# What POST .../compact/ answers; an automatic compaction may also answer the others.
+COMPACTION_REASONS = [
+    reason
+    for reason in Reason
+    if reason
+    not in (Reason.DEFERRED, Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED, Reason.ERROR)
+]
+FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]
+
+
+class Error(serializers.Serializer[Any]):
+    """Every error but a 400's field errors: what went wrong, and a stable code."""
+
+    detail = serializers.CharField(help_text="For people.")
+    code = serializers.CharField(help_text="For programs: not_found, not_authenticated, …")
+
+
+class BadGateway(Error):
+    """The summarizer failed; nothing was changed."""
+
+    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in FAILURE_REASONS])
+
+
+class FieldErrors(RawSchema):
+    """Messages per field: ``{"title": ["…"]}``; nested for ``policy``, and for a batch one
+    object per message (``{"messages": [{}, {"role": ["…"]}]}``)."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        entry = {"anyOf": [_string(), ref(FieldErrors)]}
+        value = {"anyOf": [{"type": "array", "items": entry}, ref(FieldErrors)]}
+        return {"type": "object", "additionalProperties": value}
+
+
+class BadRequest(RawSchema):
+    """A request the API refuses: field errors, or ``{"detail", "code"}`` for a body that is
+    not JSON."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return {"anyOf": [ref(FieldErrors), ref(Error), {"type": "array", "items": _string()}]}
+
+
+ERRORS = {
+    400: (BadRequest, "The request is invalid; nothing was stored."),
+    401: (Error, "No valid credentials."),
+    403: (Error, "Not allowed: a session that is not logged in, or without its CSRF token."),
+    404: (Error, "No such conversation (or someone else's), or no such page."),
+    406: (Error, "None of the Accept header's media types can be served."),
+    411: (Error, "A chunked body: send a Content-Length."),
+    413: (Error, "The body, a message or a batch is over its limit."),
+    415: (Error, "The body is not JSON."),
+    502: (BadGateway, "The summarizer failed; nothing was changed."),
+}
+# Every operation can answer these.
+ALWAYS = (401, 403, 404, 406)
+# And every one that takes a body these.
+BODY = (400, 411, 413, 415)
+
+
+def errors(*codes: int) -> dict[int, OpenApiResponse]:
+    """The error answers of an operation: ``codes`` and those every operation has."""
+    wanted = sorted({*ALWAYS, *codes})
+    return {
+        code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
+        for code in wanted
+    }
+
+
+def page(schema: Schema) -> Schema:
+    """DRF's schema of a page of results, with its links' null spelled for the OpenAPI
+    version, and every key required: each is in every answer."""
+    properties = dict(schema["properties"])
+    for link in ("next", "previous"):
+        properties[link] = _or_null({k: v for k, v in properties[link].items() if k != "nullable"})
+    return {**schema, "properties": properties, "required": list(properties)}
+
+
+# --------------------------------------------------------------------------- extensions
+
+
+class RawSchemaExtension(OpenApiSerializerExtension):
+    """Gives every ``RawSchema`` the schema its ``build`` writes."""
+
+    target_class = RawSchema
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
+        raw: type[RawSchema] = type(self.target)
+        return raw.build(_referrer(auto_schema))
+
+
+def _referrer(auto_schema: AutoSchema) -> Ref:
+    """``ref`` for builders: the component of a RawSchema, shared by requests and answers
+    (no ``Request`` suffix), registered on first use."""
+
+    def ref(component: type[serializers.Serializer[Any]]) -> Schema:
+        reference: Schema = auto_schema.resolve_serializer(component, "response").ref
+        return reference
+
+    return ref
+
+
+class StrictSerializerExtension(OpenApiSerializerExtension):
+    """An input serializer refuses fields it does not declare: say so."""
+
+    target_class = "ctxsum.api.serializers.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
+        schema: Schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        return {**schema, "additionalProperties": False}
+
+
+class MessageOutputExtension(OpenApiSerializerExtension):
+    """A stored message is its OpenAI fields (only those it has) merged with where it stands
+    in the conversation (``seq``, ``archived``, …)."""
+
+    target_class = "ctxsum.api.serializers.MessageOutputSerializer"
+
+    def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
+        stored: Schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        properties = {**openai_message_properties(_referrer(auto_schema)), **stored["properties"]}
+        required = ["role", "content", *stored.get("required", [])]
+        return {
+            **stored,
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        }
+
+
+class _LeftOutWhenNone(OpenApiSerializerExtension):
+    """An answer that leaves a key out rather than send it as null."""
+
+    left_out: tuple[str, ...] = ()
+
+    def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
+        schema: Schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        properties = dict(schema["properties"])
+        for key in self.left_out:
+            properties[key] = _not_null(properties[key])
+        required = [key for key in schema.get("required", []) if key not in self.left_out]
+        return {**schema, "properties": properties, "required": required}
+
+
+def _not_null(schema: Schema) -> Schema:
+    """A nullable reference as drf-spectacular writes it (``allOf``/``oneOf`` beside null),
+    without the null."""
+    for key in ("allOf", "oneOf"):
+        references = [item for item in schema.get(key, []) if "$ref" in item]
+        if len(references) == 1:
+            return dict(references[0])
+    return schema
+
+
+class AppendOutputExtension(_LeftOutWhenNone):
+    target_class = "ctxsum.api.serializers.AppendOutputSerializer"
+    left_out = ("compaction",)
+
+
+class CompactionOutputExtension(_LeftOutWhenNone):
+    target_class = "ctxsum.api.serializers.CompactionOutputSerializer"
+    left_out = ("plan",)
