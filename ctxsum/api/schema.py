@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import is_jsonschema_compliant
-from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse
+from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 
 from ctxsum.conf import ctxsum_settings
@@ -532,6 +532,30 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
         code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
         for code in wanted
     }
+
+
+def operation(
+    operation_id: str,
+    summary: str,
+    response: Any,
+    *,
+    status: int = 200,
+    request: Any = None,
+    errors_too: Iterable[int] = (),
+    on_conversation: bool = True,
+    description: str | None = None,
+) -> Callable[[Any], Any]:
+    """``extend_schema`` for one of ctxsum's operations: its answer on success, the error
+    answers it can give (every operation's, and ``errors_too``), and the conversation id
+    in its path unless ``on_conversation`` is off."""
+    return extend_schema(
+        operation_id=operation_id,
+        summary=summary,
+        description=description,
+        parameters=[CONVERSATION_ID] if on_conversation else None,
+        request=request,
+        responses={status: response, **errors(*errors_too)},
+    )
 
 
 def page(schema: Schema) -> Schema:

@@ -12,7 +12,6 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.http import Http404
 from django.utils.translation import gettext_lazy as _
-from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import PageNumberPagination
@@ -21,6 +20,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
+from rest_framework.serializers import Serializer
 
 from ctxsum import selectors, services
 from ctxsum.api import schema
@@ -158,6 +158,10 @@ class CtxsumView(GenericAPIView[Any]):
             response.data["reason"] = str(exc.reason)
         return response
 
+    def page_response(self, rows: QuerySet[Any], output: type[Serializer[Any]]) -> Response:
+        """The requested page of ``rows``, each shaped by ``output``."""
+        return self.get_paginated_response(output(self.paginate_queryset(rows), many=True).data)
+
     def get_queryset(self) -> QuerySet[Conversation]:
         """The conversations the request's user owns: all an endpoint can reach."""
         return selectors.conversation_list(owner=self.request.user)
@@ -202,10 +206,11 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
 class ApiRoot(CtxsumView):
     serializer_class = ApiRootOutputSerializer
 
-    @extend_schema(
-        operation_id="api_root",
-        summary="Links to the API's collections",
-        responses={200: ApiRootOutputSerializer, **schema.errors()},
+    @schema.operation(
+        "api_root",
+        "Links to the API's collections",
+        ApiRootOutputSerializer,
+        on_conversation=False,
     )
     def get(self, request: Request) -> Response:
         url = reverse("ctxsum:conversation-list", request=request)
@@ -215,20 +220,24 @@ class ApiRoot(CtxsumView):
 class ConversationList(CtxsumView):
     serializer_class = ConversationCreateInputSerializer
 
-    @extend_schema(
-        operation_id="conversations_list",
-        summary="The caller's conversations, newest first",
-        responses={200: ConversationOutputSerializer(many=True), **schema.errors()},
+    @schema.operation(
+        "conversations_list",
+        "The caller's conversations, newest first",
+        ConversationOutputSerializer(many=True),
+        on_conversation=False,
     )
     def get(self, request: Request) -> Response:
-        page = self.paginate_queryset(selectors.conversation_list(owner=request.user))
-        return self.get_paginated_response(ConversationOutputSerializer(page, many=True).data)
+        conversations = selectors.conversation_list(owner=request.user)
+        return self.page_response(conversations, ConversationOutputSerializer)
 
-    @extend_schema(
-        operation_id="conversations_create",
-        summary="Create a conversation, with its system prompt and first messages",
+    @schema.operation(
+        "conversations_create",
+        "Create a conversation, with its system prompt and first messages",
+        ConversationDetailOutputSerializer,
+        status=201,
         request=ConversationCreateInputSerializer,
-        responses={201: ConversationDetailOutputSerializer, **schema.errors(*schema.BODY)},
+        errors_too=schema.BODY,
+        on_conversation=False,
     )
     def post(self, request: Request) -> Response:
         serializer = ConversationCreateInputSerializer(data=request.data)
@@ -247,21 +256,20 @@ class ConversationList(CtxsumView):
 class ConversationDetail(CtxsumView):
     serializer_class = ConversationInputSerializer
 
-    @extend_schema(
-        operation_id="conversations_retrieve",
-        summary="One conversation with its system prompt, active summary and stats",
-        parameters=[schema.CONVERSATION_ID],
-        responses={200: ConversationDetailOutputSerializer, **schema.errors()},
+    @schema.operation(
+        "conversations_retrieve",
+        "One conversation with its system prompt, active summary and stats",
+        ConversationDetailOutputSerializer,
     )
     def get(self, request: Request, pk: str) -> Response:
         return Response(_detail(self.get_conversation()))
 
-    @extend_schema(
-        operation_id="conversations_partial_update",
-        summary="Change the title, metadata, model, policy or system prompt",
-        parameters=[schema.CONVERSATION_ID],
+    @schema.operation(
+        "conversations_partial_update",
+        "Change the title, metadata, model, policy or system prompt",
+        ConversationDetailOutputSerializer,
         request=ConversationInputSerializer,
-        responses={200: ConversationDetailOutputSerializer, **schema.errors(*schema.BODY)},
+        errors_too=schema.BODY,
     )
     def patch(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -275,11 +283,11 @@ class ConversationDetail(CtxsumView):
             raise _nest_policy_errors(error) from error
         return Response(_detail(conversation))
 
-    @extend_schema(
-        operation_id="conversations_destroy",
-        summary="Delete a conversation with its messages and summaries",
-        parameters=[schema.CONVERSATION_ID],
-        responses={204: None, **schema.errors()},
+    @schema.operation(
+        "conversations_destroy",
+        "Delete a conversation with its messages and summaries",
+        None,
+        status=204,
     )
     def delete(self, request: Request, pk: str) -> Response:
         services.conversation_delete(conversation=self.get_conversation())
@@ -289,25 +297,24 @@ class ConversationDetail(CtxsumView):
 class MessageList(CtxsumView):
     serializer_class = MessageBatchInputSerializer
 
-    @extend_schema(
-        operation_id="messages_list",
-        summary="The transcript: every message in seq order, archived and replaced ones too",
-        parameters=[schema.CONVERSATION_ID],
-        responses={200: MessageOutputSerializer(many=True), **schema.errors()},
+    @schema.operation(
+        "messages_list",
+        "The transcript: every message in seq order, archived and replaced ones too",
+        MessageOutputSerializer(many=True),
     )
     def get(self, request: Request, pk: str) -> Response:
         transcript = selectors.transcript_list(conversation=self.get_conversation())
-        page = self.paginate_queryset(transcript)
-        return self.get_paginated_response(MessageOutputSerializer(page, many=True).data)
+        return self.page_response(transcript, MessageOutputSerializer)
 
-    @extend_schema(
-        operation_id="messages_create",
-        summary="Append one message, or a batch (all or none)",
+    @schema.operation(
+        "messages_create",
+        "Append one message, or a batch (all or none)",
+        AppendOutputSerializer,
+        status=201,
+        request=schema.MessagesAppend,
+        errors_too=schema.BODY,
         description='The body is one message, or `{"messages": [...]}`. Errors name the '
         'field, and for a batch the message (`{"messages": [{}, {"role": [...]}]}`).',
-        parameters=[schema.CONVERSATION_ID],
-        request=schema.MessagesAppend,
-        responses={201: AppendOutputSerializer, **schema.errors(*schema.BODY)},
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -329,11 +336,10 @@ class MessageList(CtxsumView):
 class ContextDetail(CtxsumView):
     serializer_class = ContextOutputSerializer
 
-    @extend_schema(
-        operation_id="context_retrieve",
-        summary="The active context, as it would be sent to a model now",
-        parameters=[schema.CONVERSATION_ID],
-        responses={200: ContextOutputSerializer, **schema.errors()},
+    @schema.operation(
+        "context_retrieve",
+        "The active context, as it would be sent to a model now",
+        ContextOutputSerializer,
     )
     def get(self, request: Request, pk: str) -> Response:
         context = selectors.context_get(conversation=self.get_conversation())
@@ -343,12 +349,12 @@ class ContextDetail(CtxsumView):
 class ConversationCompact(CtxsumView):
     serializer_class = CompactInputSerializer
 
-    @extend_schema(
-        operation_id="conversations_compact",
-        summary="Compact now: summarize what the policy archives",
-        parameters=[schema.CONVERSATION_ID],
+    @schema.operation(
+        "conversations_compact",
+        "Compact now: summarize what the policy archives",
+        CompactionOutputSerializer,
         request=CompactInputSerializer,
-        responses={200: CompactionOutputSerializer, **schema.errors(*schema.BODY, 502)},
+        errors_too=[*schema.BODY, 502],
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -367,12 +373,11 @@ class ConversationCompact(CtxsumView):
 class SummaryList(CtxsumView):
     serializer_class = SummaryOutputSerializer
 
-    @extend_schema(
-        operation_id="summaries_list",
-        summary="Every summary version, newest first",
-        parameters=[schema.CONVERSATION_ID],
-        responses={200: SummaryOutputSerializer(many=True), **schema.errors()},
+    @schema.operation(
+        "summaries_list",
+        "Every summary version, newest first",
+        SummaryOutputSerializer(many=True),
     )
     def get(self, request: Request, pk: str) -> Response:
-        page = self.paginate_queryset(selectors.summary_list(conversation=self.get_conversation()))
-        return self.get_paginated_response(SummaryOutputSerializer(page, many=True).data)
+        summaries = selectors.summary_list(conversation=self.get_conversation())
+        return self.page_response(summaries, SummaryOutputSerializer)
