@@ -19,19 +19,25 @@ def prompt_sha256(prompt: str) -> str:
     return hashlib.sha256(prompt.encode()).hexdigest()
 
 
+def current_prompt() -> dict[str, str]:
+    """What a summary written now records of its prompt: version and fingerprint."""
+    return {
+        "prompt_version": ctxsum_settings.PROMPT_VERSION,
+        "prompt_sha256": prompt_sha256(ctxsum_settings.PROMPT),
+    }
+
+
 def summary_is_stale(summary: Summary) -> bool:
     """Whether ``summary`` was written under another prompt than the current one (its
-    version or its text), or covers a message redacted since."""
-    current = (ctxsum_settings.PROMPT_VERSION, prompt_sha256(ctxsum_settings.PROMPT))
-    return summary.covers_redacted or (summary.prompt_version, summary.prompt_sha256) != current
+    version or its text), or covers a message redacted since (``SummaryQuerySet.stale``
+    as a test of one row)."""
+    written = {"prompt_version": summary.prompt_version, "prompt_sha256": summary.prompt_sha256}
+    return summary.covers_redacted or written != current_prompt()
 
 
 def stale_summaries() -> SummaryQuerySet:
     """The active summaries that are stale: their conversations want a rebuild."""
-    return Summary.objects.filter(active=True).stale(
-        prompt_version=ctxsum_settings.PROMPT_VERSION,
-        prompt_sha256=prompt_sha256(ctxsum_settings.PROMPT),
-    )
+    return Summary.objects.filter(active=True).stale(**current_prompt())
 
 
 def summary_message(text: str) -> dict[str, Any]:

@@ -333,9 +333,9 @@ def test_a_wrong_model_stops_the_replay(user, offline, monkeypatch):
 
 @pytest.mark.django_db
 def test_a_wrong_prompt_hash_stops_the_replay(user, offline, monkeypatch):
-    from ctxsum.services import compaction
+    from ctxsum import selectors
 
-    monkeypatch.setattr(compaction, "prompt_sha256", lambda prompt: "0" * 64)
+    monkeypatch.setattr(selectors, "prompt_sha256", lambda prompt: "0" * 64)
     record = long_chats()[0]
     with pytest.raises(ReplayViolation) as caught:
         replay_conversation(record, owner=user)

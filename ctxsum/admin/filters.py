@@ -11,9 +11,8 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.admin import queries
-from ctxsum.conf import ctxsum_settings
 from ctxsum.models import CompactionAttempt, Summary
-from ctxsum.selectors import prompt_sha256, stale_summaries
+from ctxsum.selectors import current_prompt, stale_summaries
 
 YES_NO = (("yes", _("Yes")), ("no", _("No")))
 NEVER = "never"
@@ -98,11 +97,7 @@ class StaleSummaryFilter(_Matching):
     parameter_name = "stale"
 
     def matching(self) -> QuerySet[Any]:
-        current = {
-            "prompt_version": ctxsum_settings.PROMPT_VERSION,
-            "prompt_sha256": prompt_sha256(ctxsum_settings.PROMPT),
-        }
-        return Summary.objects.stale(**current).values("pk")
+        return Summary.objects.stale(**current_prompt()).values("pk")
 
 
 class CoverageFilter(_Choices):

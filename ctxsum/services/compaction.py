@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from django.db import transaction
 
@@ -20,7 +21,7 @@ from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError, SummaryTruncated
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Plan, Policy, Reason, Sizing, plan_compaction
-from ctxsum.selectors import ActiveContext, context_get, conversation_policy, prompt_sha256
+from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
 from ctxsum.services.leases import (
     LeaseLost,
     lease_lock,
@@ -212,7 +213,10 @@ def _commit(
     previous, archived = run.context.summary, run.archived
     with transaction.atomic(using=run.db):
         locked = _lock_snapshot(run, token)
-        summary = _insert_summary(locked, previous, archived, written, checked)
+        first = previous.from_seq if previous else archived[0].seq
+        summary = summary_insert(
+            locked, previous, written, checked, from_seq=first, to_seq=archived[-1].seq
+        )
         _archive(locked, summary, archived)
         _move_counters(locked, previous, summary, archived)
         attempt = CompactionAttempt.objects.using(run.db).create(
@@ -265,31 +269,38 @@ def active_summary_is(locked: Conversation, expected: Summary | None) -> bool:
     return active.values_list("pk", flat=True).first() == (expected and expected.pk)
 
 
-def _insert_summary(
+def summary_insert(
     locked: Conversation,
     previous: Summary | None,
-    archived: list[Message],
     written: Written,
     checked: Coverage,
+    *,
+    from_seq: int,
+    to_seq: int,
+    origin: str = Summary.Origin.COMPACTION,
 ) -> Summary:
+    """Store ``written`` as the conversation's active summary, the next version after
+    ``previous`` (deactivated; marked superseded when a rebuild replaces it). The caller
+    holds the row lock."""
     db = locked._state.db
     if previous is not None:
-        Summary.objects.using(db).filter(pk=previous.pk).update(active=False)
-        previous.active = False
+        superseded = origin == Summary.Origin.REBUILD
+        Summary.objects.using(db).filter(pk=previous.pk).update(active=False, superseded=superseded)
+        previous.active, previous.superseded = False, superseded
     return Summary.objects.using(db).create(
         conversation=locked,
         version=previous.version + 1 if previous else 1,
         text=written.text,
-        prompt_version=ctxsum_settings.PROMPT_VERSION,
-        prompt_sha256=prompt_sha256(ctxsum_settings.PROMPT),
+        **current_prompt(),
         model=written.model,
-        from_seq=previous.from_seq if previous else archived[0].seq,
-        to_seq=archived[-1].seq,
+        from_seq=from_seq,
+        to_seq=to_seq,
         previous=previous,
         input_tokens=written.input_tokens,
         output_tokens=written.output_tokens,
         latency_ms=written.latency_ms,
         token_count=written.token_count,
+        origin=origin,
         coverage=checked.ratio,
         coverage_facts=checked.as_json(),
     )
@@ -340,26 +351,31 @@ def _move_counters(
     locked.save(update_fields=COMMIT_FIELDS)
 
 
+def attempt_record(conversation: Conversation, *, db: str, **fields: Any) -> CompactionAttempt:
+    """Record an attempt that changed nothing; DoesNotExist if the conversation is gone."""
+    with transaction.atomic(using=db):
+        # Locked, so a concurrent delete either waits for this row or has already won.
+        rows = Conversation.objects.using(db).select_for_update()
+        if not rows.filter(pk=conversation.pk).exists():
+            raise Conversation.DoesNotExist
+        return CompactionAttempt.objects.using(db).create(conversation=conversation, **fields)
+
+
 def _record(
     run: _Run, outcome: str, reason: Reason, *, archived: list[Message], error: str = ""
 ) -> CompactionAttempt:
-    """Record an attempt that changed nothing; DoesNotExist if the conversation is gone."""
-    with transaction.atomic(using=run.db):
-        # Locked, so a concurrent delete either waits for this row or has already won.
-        rows = Conversation.objects.using(run.db).select_for_update()
-        if not rows.filter(pk=run.conversation.pk).exists():
-            raise Conversation.DoesNotExist
-        return CompactionAttempt.objects.using(run.db).create(
-            conversation=run.conversation,
-            outcome=outcome,
-            reason=reason,
-            error=error,
-            forced=run.force,
-            tokens_before=run.plan.tokens_before,
-            tokens_after=run.plan.tokens_before,
-            from_seq=archived[0].seq if archived else None,
-            to_seq=archived[-1].seq if archived else None,
-        )
+    return attempt_record(
+        run.conversation,
+        db=run.db,
+        outcome=outcome,
+        reason=reason,
+        error=error,
+        forced=run.force,
+        tokens_before=run.plan.tokens_before,
+        tokens_after=run.plan.tokens_before,
+        from_seq=archived[0].seq if archived else None,
+        to_seq=archived[-1].seq if archived else None,
+    )
 
 
 def _planned_only(run: _Run, *, dry_run: bool) -> CompactionResult:

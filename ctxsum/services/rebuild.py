@@ -18,15 +18,19 @@ from functools import partial
 
 from django.db import transaction
 
-from ctxsum import coverage
 from ctxsum.conf import ctxsum_settings
+from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
-from ctxsum.policy import Reason, summary_budget
-from ctxsum.selectors import prompt_sha256
-from ctxsum.services.compaction import active_summary_is, failure_reason
+from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, summary_budget
+from ctxsum.services.compaction import (
+    active_summary_is,
+    attempt_record,
+    failure_reason,
+    summary_insert,
+)
 from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_renew, lease_take
-from ctxsum.services.summaries import Written, summary_size, summary_write
+from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import write_db
 
 logger = logging.getLogger("ctxsum.compaction")
@@ -92,7 +96,7 @@ def _rebuild_leased(
             max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
             goal_tokens=None,
         ),
-        max(room, 32),
+        max(room, MIN_SUMMARY_BUDGET),
     )
     # Outside every transaction, like a compaction's summarizer call.
     written = summary_write(
@@ -102,17 +106,15 @@ def _rebuild_leased(
         budget=budget,
         before_call=partial(lease_renew, conversation, token, db=db),
     )
-    texts = coverage.message_texts(row.as_openai() for row in archived)
-    return _commit(
-        conversation, previous, written, coverage.coverage(texts, written.text), token, db=db
-    )
+    checked = summary_coverage(None, archived, written.text)
+    return _commit(conversation, previous, written, checked, token, db=db)
 
 
 def _commit(
     conversation: Conversation,
     previous: Summary,
     written: Written,
-    checked: coverage.Coverage,
+    checked: Coverage,
     token: str,
     *,
     db: str,
@@ -121,24 +123,14 @@ def _commit(
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, previous):
             raise LeaseLost  # a compaction committed meanwhile: this rebuild is out of date
-        Summary.objects.using(db).filter(pk=previous.pk).update(active=False, superseded=True)
-        summary = Summary.objects.using(db).create(
-            conversation=locked,
-            version=previous.version + 1,
-            text=written.text,
-            prompt_version=ctxsum_settings.PROMPT_VERSION,
-            prompt_sha256=prompt_sha256(ctxsum_settings.PROMPT),
-            model=written.model,
+        summary = summary_insert(
+            locked,
+            previous,
+            written,
+            checked,
             from_seq=previous.from_seq,
             to_seq=previous.to_seq,
-            previous=previous,
-            input_tokens=written.input_tokens,
-            output_tokens=written.output_tokens,
-            latency_ms=written.latency_ms,
-            token_count=written.token_count,
             origin=Summary.Origin.REBUILD,
-            coverage=checked.ratio,
-            coverage_facts=checked.as_json(),
         )
         before = locked.context_tokens
         locked.active_tokens += summary.token_count - previous.token_count
@@ -163,18 +155,9 @@ def _commit(
 def _failed(conversation: Conversation, previous: Summary, error: Exception, *, db: str) -> None:
     log = logger.warning if isinstance(error, SummarizerError) else logger.exception
     log("Rebuild of conversation %s's summary failed: %s", conversation.pk, error)
-    with transaction.atomic(using=db):
-        # Locked, so a concurrent delete either waits for this row or has already won.
-        if not Conversation.objects.using(db).select_for_update().filter(pk=conversation.pk):
-            raise Conversation.DoesNotExist
-        _record_failure(conversation, previous, error, db=db)
-
-
-def _record_failure(
-    conversation: Conversation, previous: Summary, error: Exception, *, db: str
-) -> None:
-    CompactionAttempt.objects.using(db).create(
-        conversation=conversation,
+    attempt_record(
+        conversation,
+        db=db,
         outcome=Outcome.FAILED,
         reason=failure_reason(error),
         error=f"{type(error).__name__}: {error}",
