@@ -22,7 +22,8 @@ What counts (docs/architecture.md, "The coverage check"):
   count as names too.
 
 A fact is present when the summary holds it, compared without case; numbers and amounts are
-compared by their digits (``1,200`` matches ``1200``), so a summary may reformat them.
+compared by their value (``1,200`` matches ``1200``, ``84.00`` matches ``84.0``), so a
+summary may reformat them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ _WEEKDAYS = (
     "montag|dienstag|mittwoch|donnerstag|freitag|samstag|sonntag"
 )
 _NUMBER = r"\d{1,3}(?:[,.]\d{3})+(?:[.,]\d+)?|\d+(?:[.,]\d+)?"
+# The decimals of a number: a separator, then other than three digits, at its end.
+_DECIMALS = re.compile(r"[.,](\d{1,2}|\d{4,})$")
 _CURRENCY = r"[$€£¥₹]|\b(?:USD|EUR|GBP|JPY|INR|MXN|PEN|CAD|AUD|CHF)\b"
 
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -78,7 +81,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 # A word of letters (any alphabet), with inner apostrophes or hyphens: O'Neil, Jean-Luc.
 _WORD = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*")
-_NOT_NAMES = re.compile(rf"^(?:i|ok|okay|{_MONTHS}|{_WEEKDAYS})$", re.IGNORECASE)
+# "I" and its contractions (I'd, I'm, I'll, I've) are capitalised without being names.
+_NOT_NAMES = re.compile(
+    rf"^(?:i(?:['\u2019](?:d|m|ll|ve))?|ok|okay|{_MONTHS}|{_WEEKDAYS})$", re.IGNORECASE
+)
 # What may stand before the first word of a sentence (spaces and tabs skipped).
 _SENTENCE_BREAKS = frozenset('.!?¡¿:;\n"“(*#-•')
 
@@ -188,12 +194,23 @@ def _starts_sentence(text: str, start: int) -> bool:
 
 
 def _key(kind: str, fact: str) -> str:
-    """What two mentions of a fact share: the digits of a number or an amount (a summary
-    may write 1,200 for 1200), else the text without case and spacing."""
+    """What two mentions of a fact share: the value of a number or an amount (a summary
+    may write 1,200 for 1200, or 84.00 for 84.0), else the text without case and spacing."""
     if kind in ("number", "amount"):
-        digits = re.sub(r"\D", "", fact)
-        return f"{kind}:{digits}"
+        return f"{kind}:{_value(fact)}"
     return f"{kind}:{' '.join(fact.casefold().split())}"
+
+
+def _value(number: str) -> str:
+    """A number's digits, its decimals after a point and without trailing zeros; a comma
+    or point followed by three digits groups thousands."""
+    number = re.sub(r"[^\d.,]", "", number)
+    decimals = _DECIMALS.search(number)
+    if decimals is None:
+        return re.sub(r"\D", "", number)
+    whole = re.sub(r"\D", "", number[: decimals.start()])
+    fraction = decimals.group(1).rstrip("0")
+    return f"{whole}.{fraction}" if fraction else whole
 
 
 def coverage(covered: Iterable[str], summary: str) -> Coverage:
@@ -204,11 +221,11 @@ def coverage(covered: Iterable[str], summary: str) -> Coverage:
 def facts_checked(found: Iterable[tuple[str, str]], summary: str) -> Coverage:
     """Which of the ``found`` facts the ``summary`` text holds."""
     folded = " ".join(summary.casefold().split())
-    numbers = {re.sub(r"\D", "", match.group()) for match in re.finditer(_NUMBER, summary)}
+    numbers = {_value(match.group()) for match in re.finditer(_NUMBER, summary)}
     facts = []
     for kind, fact in found:
         if kind in ("number", "amount"):
-            present = re.sub(r"\D", "", fact) in numbers
+            present = _value(fact) in numbers
         else:
             present = " ".join(fact.casefold().split()) in folded
         facts.append(Fact(kind=kind, text=fact, present=present))

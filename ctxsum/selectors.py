@@ -132,9 +132,14 @@ def conversation_list(*, owner: Any) -> QuerySet[Conversation]:
 
 
 def transcript_list(*, conversation: Conversation) -> QuerySet[Message]:
-    """Every message, archived and replaced ones included, in seq order."""
+    """Every message, archived and replaced ones included, in seq order, each with the
+    summary that archived it (its version; not its text or coverage check, which would be
+    read again for every message it archived)."""
     return (
-        Message.objects.filter(conversation=conversation).select_related("summary").order_by("seq")
+        Message.objects.filter(conversation=conversation)
+        .select_related("summary")
+        .defer("summary__text", "summary__coverage_facts")
+        .order_by("seq")
     )
 
 

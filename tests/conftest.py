@@ -43,6 +43,14 @@ def other_api(other_user):
 
 
 @pytest.fixture
+def offline_summarizer(settings):
+    """CTXSUM with the offline summarizer, whatever the environment says."""
+    from tests.factories import OFFLINE_SUMMARIZER
+
+    settings.CTXSUM = {"SUMMARIZER": OFFLINE_SUMMARIZER}
+
+
+@pytest.fixture
 def openai_server(monkeypatch):
     """A running OpenAI-compatible server on 127.0.0.1 (see tests/openai_server.py)."""
     from tests.openai_server import running_fake_openai

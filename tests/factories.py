@@ -104,6 +104,23 @@ def weather_history() -> list[Message]:
     ]
 
 
+CARD = "my card is 4111-1111-1111-1111"
+
+
+def booking_history() -> list[Message]:
+    """Seven messages of a flight booking: an id, a name, a date, a seat, and in message 4
+    (after a system prompt) a card number that the redaction tests erase."""
+    return [
+        user_message("Book AI-101 for Ana."),
+        assistant_message("Booked AI-101 for Ana on October 20."),
+        user_message("Add a 23 kg bag."),
+        assistant_message(f"Added one bag to AI-101, paid by {CARD}."),
+        user_message("And a window seat."),
+        assistant_message("Seat 14A is yours."),
+        user_message("Thanks."),
+    ]
+
+
 # --- conversations ------------------------------------------------------------------------
 
 
@@ -133,6 +150,18 @@ def compacted_conversation(
     conversation = conversation_create(owner=owner, messages=list(messages), **fields)
     compact(conversation)
     return conversation
+
+
+def booked_conversation(owner: Any) -> Conversation:
+    """``booking_history()`` after a system prompt, compacted once keeping 2 messages (the
+    card number archived), with a trigger of 6 messages."""
+    return compacted_conversation(
+        owner,
+        system="You book flights.",
+        messages=booking_history(),
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
 
 
 # --- records in the import format ---------------------------------------------------------

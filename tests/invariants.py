@@ -87,7 +87,12 @@ def _load(conversation: Conversation) -> _State:
         label=label,
         conversation=conversation,
         rows=rows,
-        summaries=list(Summary.objects.filter(conversation=conversation).order_by("version")),
+        # Without the coverage checks: cumulative, they grow with every version.
+        summaries=list(
+            Summary.objects.filter(conversation=conversation)
+            .defer("coverage_facts")
+            .order_by("version")
+        ),
         context=context_get(conversation=conversation),
         leading=leading_rows[0] if leading_rows else None,
         active=[row for row in body if row.summary_id is None],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -596,7 +597,8 @@ def test_redact_needs_the_csrf_token_and_the_change_message_permission(
 def test_conversation_filters_and_search(admin_client, user):
     summarized = agent_conversation(user, title="summarized")
     plain = conversation_create(
-        owner=user, title="plain", messages=[user_message("the word zanzibar")],
+        owner=user, title="plain",
+        messages=[user_message('the word zanzibar, "quoted", mañana, Ñandú and 東京')],
         metadata={"source": "elsewhere"},
     )
     listing = url("conversation_changelist")
@@ -612,6 +614,8 @@ def test_conversation_filters_and_search(admin_client, user):
     assert titles("source=elsewhere") == {"plain"}
     assert titles("source=tests%2Fagent") == {"summarized"}
     assert titles("q=zanzibar") == {"plain"}  # a word in a message
+    for words in ("mañana", "東京", "Ñandú", '"quoted"'):  # as typed, on every database
+        assert titles(urlencode({"q": words})) == {"plain"}, words
     assert titles("q=summarized") == {"summarized"}  # the title
     assert titles("q=alice") == {"summarized", "plain"}  # the owner
     assert "elsewhere" in page(admin_client, listing)  # offered as a source filter

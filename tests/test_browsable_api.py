@@ -18,7 +18,13 @@ ENDPOINTS = [
     ("ctxsum:context", True, {"GET"}),
     ("ctxsum:compact", True, {"POST"}),
     ("ctxsum:summary-list", True, {"GET"}),
+    ("ctxsum:summary-rebuild", True, {"POST"}),
+    ("ctxsum:message-redact", True, {"POST"}),
 ]
+# The path beyond the conversation's id.
+PATHS = {"ctxsum:message-redact": {"seq": 1}}
+# Operations whose body has no field.
+NO_FIELDS = {"ctxsum:summary-rebuild", "ctxsum:message-redact"}
 
 
 @pytest.fixture
@@ -29,7 +35,9 @@ def conversation(user):
 
 
 def url_of(name: str, needs_pk: bool, conversation) -> str:
-    return reverse(name, kwargs={"pk": conversation.pk}) if needs_pk else reverse(name)
+    if not needs_pk:
+        return reverse(name)
+    return reverse(name, kwargs={"pk": conversation.pk, **PATHS.get(name, {})})
 
 
 @pytest.mark.parametrize(("name", "needs_pk", "methods"), ENDPOINTS)
@@ -41,7 +49,8 @@ def test_options_describes_the_endpoint_in_json(api, conversation, name, needs_p
     assert methods <= allowed
     if "POST" in methods:
         # The input serializer's fields, as DRF's metadata describes them.
-        assert response.json()["actions"]["POST"]
+        fields = response.json()["actions"]["POST"]
+        assert bool(fields) == (name not in NO_FIELDS), fields
 
 
 def test_options_lists_the_create_fields(api, conversation):

@@ -4,13 +4,19 @@ real conversations, and when a summary holds it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxsum import services
 from ctxsum.coverage import coverage, facts_found, message_texts
+from ctxsum.models import Summary
 from tests.support.shared import FIXTURE_CONVERSATIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
 def kinds(text: str) -> dict[str, str]:
@@ -70,6 +76,8 @@ def test_what_counts_as_a_fact(text, expected):
     [
         ("Hello there. Yes, I can.", "Hello"),  # a sentence's first word
         ("Okay, I see. Monday works.", "Monday"),  # weekdays and function words
+        ("Yes, I'd like that, and I\u2019ll pay.", "I'd"),  # "I" and its contractions
+        ("Yes, I'd like that, and I\u2019ll pay.", "I\u2019ll"),
         ("Room 5 is free.", "5"),  # a lone digit says little
         ("¿Puedo viajar mañana?", "Puedo"),
     ],
@@ -87,6 +95,20 @@ def test_presence_ignores_case_and_how_a_number_is_written():
     covered = ["Refund of $1,200.50 for order W2378156 to Ana in Delhi."]
     result = coverage(covered, "ana (delhi) got 1200.50 back for w2378156.")
     assert result.ratio == 1.0 and not result.missing
+
+
+@pytest.mark.parametrize(
+    ("covered", "summary", "present"),
+    [
+        ("The fare difference is 84.0 in the tool result.", "It costs 84.00 more.", True),
+        ("Refund 912,40 now.", "Refunded 912.4.", True),
+        ("It weighs 1.200 kg in total.", "It weighs 1200 kg.", True),  # thousands
+        ("Pay 12.50 today.", "Pay 1250 today.", False),  # not the same amount
+        ("Room 3.5 please.", "Room 35 please.", False),
+    ],
+)
+def test_numbers_are_compared_by_value(covered, summary, present):
+    assert coverage([covered], summary).ratio == (1.0 if present else 0.0)
 
 
 def test_what_the_summary_lost_is_listed_missing():
@@ -141,3 +163,31 @@ def test_real_conversations_are_fully_covered_by_their_own_text():
 def test_any_text_covers_itself(texts):
     result = coverage(texts, "\n".join(texts))
     assert not result.missing
+
+
+@pytest.mark.django_db
+def test_the_readmes_figure_is_the_sample_conversations(user, settings):
+    """README.md's coverage table is what the check finds on the sample conversation."""
+    settings.CTXSUM = {"SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer"}
+    sample = json.loads((ROOT / "project" / "sample_conversation.json").read_text("utf-8"))
+    conversation = services.conversation_create(
+        owner=user, messages=sample["messages"], keep={"messages": 4}
+    )
+    assert services.conversation_compact(conversation=conversation, force=True).compacted
+    summary = Summary.objects.get(conversation=conversation, active=True)
+    facts = summary.coverage_facts
+    rows = []
+    for kind in ("identifier", "amount", "date", "number", "name"):
+        of_kind = [fact for fact in facts if fact["kind"] == kind]
+        missing = ", ".join(fact["text"] for fact in of_kind if not fact["present"])
+        rows.append([kind, len(of_kind), sum(fact["present"] for fact in of_kind), missing])
+    present = sum(fact["present"] for fact in facts)
+    rows.append(["**all**", f"**{len(facts)}**", f"**{present} ({summary.coverage:.0%})**", ""])
+    lines = {_table_row(line.strip("|").split("|")) for line in README.read_text().splitlines()}
+    assert all(_table_row(row) in lines for row in rows), rows
+    assert (summary.from_seq, summary.to_seq) == (1, 11)
+
+
+def _table_row(cells: list) -> str:
+    """A Markdown table row's cells, spacing and the percent sign's space left out."""
+    return "|".join(str(cell).replace(" %", "%").strip() for cell in cells)

@@ -27,7 +27,11 @@ ENDPOINTS: list[tuple[str, str, dict | None]] = [
     ("get", "context", None),
     ("post", "compact", {"force": True}),
     ("get", "summary-list", None),
+    ("post", "summary-rebuild", {}),
+    ("post", "message-redact", {}),
 ]
+# The path beyond the conversation's id.
+PATHS = {"message-redact": {"seq": 1}}
 IDS = [
     f"{method} {name}{' batch' if body and 'messages' in body else ''}"
     for method, name, body in ENDPOINTS
@@ -60,6 +64,10 @@ def state(conversation: Conversation) -> tuple:
     )
 
 
+def url(name: str, conversation: object) -> str:
+    return api_url(name, conversation, **PATHS.get(name, {}))
+
+
 def send(client: APIClient, method: str, url: str, body: dict | None):
     if body is None:
         return getattr(client, method)(url)
@@ -70,12 +78,11 @@ def send(client: APIClient, method: str, url: str, body: dict | None):
 def test_someone_elses_conversation_is_404_like_a_missing_one(
     other_api, alices, method, name, body
 ) -> None:
-    url = api_url(name, alices.pk)
     before = state(alices)
 
-    response = send(other_api, method, url, body)
-    missing = send(other_api, method, api_url(name, uuid.uuid4()), body)
-    malformed = send(other_api, method, api_url(name, "not-a-uuid"), body)
+    response = send(other_api, method, url(name, alices.pk), body)
+    missing = send(other_api, method, url(name, uuid.uuid4()), body)
+    malformed = send(other_api, method, url(name, "not-a-uuid"), body)
 
     assert response.status_code == 404, response.content
     assert missing.status_code == malformed.status_code == 404
@@ -87,8 +94,7 @@ def test_someone_elses_conversation_is_404_like_a_missing_one(
 @pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
 def test_the_owner_reaches_every_endpoint(api, alices, method, name, body) -> None:
     # The control for the test above: the same requests succeed for the owner.
-    url = api_url(name, alices.pk)
-    response = send(api, method, url, body)
+    response = send(api, method, url(name, alices.pk), body)
     assert response.status_code in (200, 201, 204), response.content
 
 
@@ -106,9 +112,8 @@ def test_list_shows_only_own_conversations(api, other_api, user, other_user, ali
 
 @pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
 def test_unauthenticated_is_refused(alices, method, name, body) -> None:
-    url = api_url(name, alices.pk)
     before = state(alices)
-    response = send(APIClient(), method, url, body)
+    response = send(APIClient(), method, url(name, alices.pk), body)
     assert response.status_code in (401, 403)
     assert "s3cr3t" not in response.content.decode()
     assert state(alices) == before

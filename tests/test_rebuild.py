@@ -11,36 +11,18 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.services.redaction import REDACTED
 from tests.backends import HookSummarizer
+from tests.factories import CARD as SECRET
+from tests.factories import booked_conversation, booking_history
 from tests.invariants import assert_context_invariants
 
 pytestmark = pytest.mark.django_db
 
-POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
-SECRET = "my card is 4111-1111-1111-1111"
-TURNS = [
-    {"role": "user", "content": "Book AI-101 for Ana."},
-    {"role": "assistant", "content": "Booked AI-101 for Ana on October 20."},
-    {"role": "user", "content": "Add a 23 kg bag."},
-    {"role": "assistant", "content": f"Added one bag to AI-101, paid by {SECRET}."},
-    {"role": "user", "content": "And a window seat."},
-    {"role": "assistant", "content": "Seat 14A is yours."},
-    {"role": "user", "content": "Thanks."},
-]
+TURNS = booking_history()
 
 
 @pytest.fixture
-def offline(settings):
-    settings.CTXSUM = {"SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer"}
-
-
-@pytest.fixture
-def compacted(user, offline):
-    conversation = services.conversation_create(
-        owner=user, system="You book flights.", messages=TURNS, **POLICY
-    )
-    result = services.conversation_compact(conversation=conversation)
-    assert result.compacted, result.reason
-    return conversation
+def compacted(user, offline_summarizer):
+    return booked_conversation(user)
 
 
 def test_a_compaction_stores_its_coverage_check(compacted):
@@ -112,7 +94,7 @@ def test_redacting_an_active_message_recounts_the_context(compacted):
     assert again.redacted_at == message.redacted_at  # the same text again changes nothing
 
 
-def test_a_tool_call_keeps_its_id_and_name_but_not_its_arguments(user, offline):
+def test_a_tool_call_keeps_its_id_and_name_but_not_its_arguments(user, offline_summarizer):
     call = {
         "id": "c1",
         "type": "function",
@@ -138,7 +120,7 @@ def test_redacting_a_missing_message_is_an_error(compacted):
         services.message_redact(conversation=compacted, seq=999)
 
 
-def test_a_conversation_without_a_summary_has_nothing_to_rebuild(user, offline):
+def test_a_conversation_without_a_summary_has_nothing_to_rebuild(user, offline_summarizer):
     conversation = services.conversation_create(owner=user, messages=TURNS[:2])
     assert (
         services.conversation_rebuild(conversation=conversation).reason

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.django_db
 FIXTURES = Path(__file__).parent / "fixtures" / "conversations.jsonl"
 DOCUMENT = "urn:ctxsum:openapi"
 PLACEHOLDER = "00000000-0000-4000-8000-000000000000"
+SEQ_PLACEHOLDER = "98765"
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +101,11 @@ def api_operations() -> set[tuple[str, str]]:
     operations = set()
     for pattern in get_resolver(api_urls).url_patterns:
         assert isinstance(pattern, URLPattern)
-        kwargs = {"pk": PLACEHOLDER} if "pk" in pattern.pattern.converters else {}
-        path = reverse(f"ctxsum:{pattern.name}", kwargs=kwargs).replace(PLACEHOLDER, "{id}")
+        converters = pattern.pattern.converters
+        kwargs = {"pk": PLACEHOLDER} if "pk" in converters else {}
+        kwargs |= {"seq": SEQ_PLACEHOLDER} if "seq" in converters else {}
+        path = reverse(f"ctxsum:{pattern.name}", kwargs=kwargs)
+        path = path.replace(PLACEHOLDER, "{id}").replace(SEQ_PLACEHOLDER, "{seq}")
         view = pattern.callback.view_class  # type: ignore[attr-defined]
         for method in view.http_method_names:
             if method not in ("options", "head") and hasattr(view, method):
@@ -117,7 +121,7 @@ def test_every_url_and_method_of_the_api_is_described(document):
         if path.startswith(reverse("ctxsum:api-root"))
     }
     expected = api_operations()
-    assert len(expected) == 11
+    assert len(expected) == 13
     assert described == expected
 
 
@@ -136,8 +140,9 @@ def test_every_operation_names_its_answers_and_errors(document):
             assert {"400", "411", "413", "415"} <= codes, (path, method)
             assert list(operation["requestBody"]["content"]) == ["application/json"]
         if "{id}" in path:
-            (parameter,) = [p for p in operation["parameters"] if p["in"] == "path"]
-            assert parameter["schema"]["pattern"].startswith("^[0-9a-f]{8}-")
+            in_path = {p["name"]: p for p in operation["parameters"] if p["in"] == "path"}
+            assert set(in_path) == ({"id", "seq"} if "{seq}" in path else {"id"})
+            assert in_path["id"]["schema"]["pattern"].startswith("^[0-9a-f]{8}-")
     assert len(ids) == len(set(ids)), "operationIds are unique"
     compact = document["paths"]["/api/conversations/{id}/compact/"]["post"]["responses"]
     assert "502" in compact
@@ -291,6 +296,14 @@ def test_the_answers_are_as_the_schema_describes_them(api, document):
         assert_valid(answer_schema(document, path + suffix, "get", 200), response.json())
     listed = api.get(reverse("ctxsum:conversation-list"))
     assert_valid(answer_schema(document, "/api/conversations/", "get", 200), listed.json())
+    redacted = api.post(reverse("ctxsum:message-redact", kwargs={"pk": pk, "seq": 1}))
+    assert redacted.status_code == 200, redacted.json()
+    assert_valid(
+        answer_schema(document, f"{path}messages/{{seq}}/redact/", "post", 200), redacted.json()
+    )
+    rebuilt = api.post(reverse("ctxsum:summary-rebuild", kwargs={"pk": pk}))
+    assert rebuilt.json()["rebuilt"], rebuilt.json()
+    assert_valid(answer_schema(document, f"{path}summaries/rebuild/", "post", 200), rebuilt.json())
 
 
 def test_the_schema_refuses_an_answer_that_is_not_one(document):

@@ -48,6 +48,14 @@ CONVERSATION_ID = OpenApiParameter(
     description="The conversation's id: a UUID in its canonical lower-case form.",
     pattern="^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
 )
+# A message's seq in the path: decimal digits, no sign, no leading zero.
+MESSAGE_SEQ = OpenApiParameter(
+    "seq",
+    str,
+    OpenApiParameter.PATH,
+    description="The message's seq in its conversation: 0, 1, 2, … in decimal.",
+    pattern="^(0|[1-9][0-9]{0,9})$",
+)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -470,8 +478,16 @@ COMPACTION_REASONS = [
     reason
     for reason in Reason
     if reason
-    not in (Reason.DEFERRED, Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED, Reason.ERROR)
+    not in (
+        Reason.DEFERRED,
+        Reason.REBUILT,
+        Reason.SUMMARIZER_ERROR,
+        Reason.SUMMARY_TRUNCATED,
+        Reason.ERROR,
+    )
 ]
+# What POST .../summaries/rebuild/ answers.
+REBUILD_REASONS = [Reason.REBUILT, Reason.NOTHING_TO_SUMMARIZE, Reason.IN_PROGRESS, Reason.CONFLICT]
 FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]
 
 
@@ -543,16 +559,17 @@ def operation(
     request: Any = None,
     errors_too: Iterable[int] = (),
     on_conversation: bool = True,
+    parameters: Iterable[OpenApiParameter] = (),
     description: str | None = None,
 ) -> Callable[[Any], Any]:
     """``extend_schema`` for one of ctxsum's operations: its answer on success, the error
     answers it can give (every operation's, and ``errors_too``), and the conversation id
-    in its path unless ``on_conversation`` is off."""
+    in its path unless ``on_conversation`` is off, then ``parameters``."""
     return extend_schema(
         operation_id=operation_id,
         summary=summary,
         description=description,
-        parameters=[CONVERSATION_ID] if on_conversation else None,
+        parameters=[*([CONVERSATION_ID] if on_conversation else []), *parameters] or None,
         request=request,
         responses={status: response, **errors(*errors_too)},
     )

@@ -107,6 +107,10 @@ class CompactInputSerializer(StrictSerializer):
     dry_run = serializers.BooleanField(default=False)
 
 
+class EmptyInputSerializer(StrictSerializer):
+    """A body with no fields: ``{}``, or no body at all."""
+
+
 # --------------------------------------------------------------------------- output
 
 
@@ -117,6 +121,7 @@ class ApiRootOutputSerializer(serializers.Serializer[Any]):
 class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
     covers = serializers.SerializerMethodField()
     previous_version = serializers.IntegerField(source="previous.version", allow_null=True)
+    stale = serializers.SerializerMethodField()
 
     class Meta:
         model = Summary
@@ -131,6 +136,10 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
             "input_tokens",
             "output_tokens",
             "active",
+            "origin",
+            "superseded",
+            "stale",
+            "coverage",
             "created_at",
         ]
         # Output only: every field is in every answer.
@@ -139,6 +148,9 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
     @extend_schema_field(schema.Covers)
     def get_covers(self, summary: Summary) -> dict[str, int]:
         return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
+
+    def get_stale(self, summary: Summary) -> bool:
+        return selectors.summary_is_stale(summary)
 
 
 class MessageOutputSerializer(serializers.ModelSerializer[Message]):
@@ -288,3 +300,20 @@ class CompactionOutputSerializer(serializers.Serializer[Any]):
             "tokens_before": plan.tokens_before,
             "tokens_after": plan.tokens_after,
         }
+
+
+class RebuildOutputSerializer(serializers.Serializer[Any]):
+    """What a rebuild did (``services.Rebuilt``) and the context after it; the view passes
+    the context as ``context["active"]``."""
+
+    rebuilt = serializers.BooleanField()
+    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REBUILD_REASONS])
+    summary = SummaryOutputSerializer(allow_null=True)
+    replaced_version = serializers.IntegerField(source="replaced.version", allow_null=True)
+    # DRF takes declared fields off the class, so this does not shadow Serializer.context.
+    context = serializers.SerializerMethodField()  # type: ignore[assignment]
+
+    @extend_schema_field(ContextOutputSerializer)
+    def get_context(self, rebuilt: Any) -> dict[str, Any]:
+        # Serializer.context, the dict the view passed: the field above is not an attribute.
+        return ContextOutputSerializer(self.context["active"]).data  # type: ignore[index]

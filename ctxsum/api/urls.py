@@ -9,7 +9,17 @@ urlpatterns = [
     path("conversations/", views.ConversationList.as_view(), name="conversation-list"),
     path("conversations/<str:pk>/", views.ConversationDetail.as_view(), name="conversation-detail"),
     path("conversations/<str:pk>/messages/", views.MessageList.as_view(), name="message-list"),
+    path(
+        "conversations/<str:pk>/messages/<str:seq>/redact/",
+        views.MessageRedact.as_view(),
+        name="message-redact",
+    ),
     path("conversations/<str:pk>/context/", views.ContextDetail.as_view(), name="context"),
     path("conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"),
     path("conversations/<str:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
+    path(
+        "conversations/<str:pk>/summaries/rebuild/",
+        views.SummaryRebuild.as_view(),
+        name="summary-rebuild",
+    ),
 ]

@@ -36,20 +36,26 @@ from ctxsum.api.serializers import (
     ConversationDetailOutputSerializer,
     ConversationInputSerializer,
     ConversationOutputSerializer,
+    EmptyInputSerializer,
     MessageBatchInputSerializer,
     MessageOutputSerializer,
+    RebuildOutputSerializer,
     SummaryOutputSerializer,
 )
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, SummarizerError, TooLarge
-from ctxsum.models import Conversation
+from ctxsum.models import Conversation, Message
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import failure_reason
 
 logger = logging.getLogger("ctxsum.api")
 
 CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# A seq in a path: what a PositiveIntegerField holds on every database, in decimal.
+CANONICAL_SEQ = re.compile(r"0|[1-9][0-9]{0,9}")
+MAX_SEQ = 2**31 - 1
 CONVERSATION_NOT_FOUND = _("No such conversation.")
+MESSAGE_NOT_FOUND = _("No such message in this conversation.")
 BODY_TOO_LARGE = _("The request body is {size} bytes; the limit is {limit} bytes.")
 SUMMARY_CUT_OFF = _(
     "The summary was cut off at SUMMARY_MAX_TOKENS, so it was not stored; nothing was changed."
@@ -177,6 +183,18 @@ class CtxsumView(GenericAPIView[Any]):
             return self.get_queryset().get(pk=pk)
         except (Conversation.DoesNotExist, DjangoValidationError, ValueError) as error:
             raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
+
+
+def _seq(value: str) -> int:
+    """A seq from the path; anything that no message can have is a 404, like a missing one."""
+    if not CANONICAL_SEQ.fullmatch(value) or int(value) > MAX_SEQ:
+        raise exceptions.NotFound(MESSAGE_NOT_FOUND)
+    return int(value)
+
+
+def _no_fields(request: Request) -> None:
+    """Refuse a body that holds anything: these operations take no input."""
+    EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
 
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:
@@ -333,6 +351,31 @@ class MessageList(CtxsumView):
         return Response(AppendOutputSerializer(appended).data, status=status.HTTP_201_CREATED)
 
 
+class MessageRedact(CtxsumView):
+    serializer_class = EmptyInputSerializer
+
+    @schema.operation(
+        "messages_redact",
+        "Redact a message: its words are erased, its seq stays",
+        MessageOutputSerializer,
+        request=EmptyInputSerializer,
+        parameters=[schema.MESSAGE_SEQ],
+        errors_too=schema.BODY,
+        description="The content becomes `[redacted]`; a tool call keeps its id and name but "
+        "loses its arguments. Tokens and counters are recounted, and every summary covering "
+        "the message becomes stale: rebuild them with `POST …/summaries/rebuild/`. "
+        "Redacting a message again changes nothing.",
+    )
+    def post(self, request: Request, pk: str, seq: str) -> Response:
+        conversation = self.get_conversation()
+        _no_fields(request)
+        try:
+            message = services.message_redact(conversation=conversation, seq=_seq(seq))
+        except Message.DoesNotExist as error:
+            raise exceptions.NotFound(MESSAGE_NOT_FOUND) from error
+        return Response(MessageOutputSerializer(message).data)
+
+
 class ContextDetail(CtxsumView):
     serializer_class = ContextOutputSerializer
 
@@ -368,6 +411,31 @@ class ConversationCompact(CtxsumView):
             # The provider's own words are in the attempt record and the log, not here.
             raise SummarizerFailed(reason=failure_reason(error)) from error
         return Response(CompactionOutputSerializer(result).data)
+
+
+class SummaryRebuild(CtxsumView):
+    serializer_class = EmptyInputSerializer
+
+    @schema.operation(
+        "summaries_rebuild",
+        "Write the active summary anew from the archived messages, under the current prompt",
+        RebuildOutputSerializer,
+        request=EmptyInputSerializer,
+        errors_too=[*schema.BODY, 502],
+        description="For a stale summary (written under another prompt, or covering a "
+        "redacted message). The new version covers the same messages; the one it replaces "
+        "is kept, marked superseded. `rebuilt: false` comes with a `reason`: "
+        "`nothing_to_summarize` (no summary), `in_progress` or `conflict`.",
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        conversation = self.get_conversation()
+        _no_fields(request)
+        try:
+            rebuilt = services.conversation_rebuild(conversation=conversation)
+        except SummarizerError as error:
+            raise SummarizerFailed(reason=failure_reason(error)) from error
+        active = selectors.context_get(conversation=conversation)
+        return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
 
 
 class SummaryList(CtxsumView):

@@ -108,9 +108,44 @@ def changes(document: Document) -> None:
     document.request("PATCH", "/conversations/$CONV/", {"policy": None}, only={"policy"})
 
 
+def erasure(document: Document) -> None:
+    document.text("## Redaction and stale summaries")
+    transcript = document.call("GET", f"{MESSAGES}?page_size=500").data["results"]
+    seq = next(m["seq"] for m in transcript if m["archived"] and m["role"] == "tool")
+    document.text(
+        f"""
+        Redacting a message erases its words and keeps its place: the content becomes
+        `[redacted]` (a tool call keeps its id and name, not its arguments), tokens and
+        counters are recounted. Message {seq}, an archived tool result:
+        """
+    )
+    document.request("POST", f"{MESSAGES}{seq}/redact/")
+    document.text(
+        """
+        Every summary covering it is now stale, as are summaries written under another
+        prompt (`PROMPT_VERSION` or `PROMPT` changed since):
+        """
+    )
+    summaries = "/conversations/$CONV/summaries/"
+    listed = document.request(
+        "GET", f"{summaries}?page_size=1", hide={"text", "prompt_sha256"}
+    )
+    expect(listed.data["results"][0]["stale"], "a summary covering a redacted message is stale")
+    document.text(
+        """
+        A rebuild writes the active summary anew from the archived originals under the
+        current prompt; the new version covers the same messages, and the one it replaces
+        stays, marked superseded:
+        """
+    )
+    rebuilt = document.request("POST", f"{summaries}rebuild/", hide={"context", "summary.text"})
+    expect(rebuilt.data["rebuilt"] and not rebuilt.data["summary"]["stale"], "rebuilt")
+
+
 SECTIONS: tuple[Callable[[Document], None], ...] = (
     summaries_and_transcript,
     writing,
     auto_compact,
     changes,
+    erasure,
 )
