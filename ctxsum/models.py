@@ -3,6 +3,7 @@ context, and the record of every compaction attempt."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -81,6 +82,13 @@ class MessageQuerySet(models.QuerySet["Message"]):
 
     def archived(self) -> MessageQuerySet:
         return self.filter(summary__isnull=False)
+
+    def containing(self, words: str) -> MessageQuerySet:
+        """Messages whose content holds ``words``, ignoring case. SQLite stores JSON with
+        non-ASCII characters and quotes escaped (\\u00f1, \\"): that spelling matches too;
+        PostgreSQL's jsonb reads back unescaped."""
+        escaped = json.dumps(words)[1:-1]
+        return self.filter(Q(content__icontains=words) | Q(content__icontains=escaped))
 
 
 class Message(models.Model):

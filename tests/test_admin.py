@@ -16,7 +16,12 @@ from django.urls import reverse
 
 from ctxsum.admin.actions import ACTION_LIMIT
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
-from ctxsum.services import conversation_create, conversation_update, message_append
+from ctxsum.services import (
+    conversation_create,
+    conversation_update,
+    message_append,
+    message_redact,
+)
 from ctxsum.services.redaction import REDACTED
 from tests.factories import (
     assistant_calls,
@@ -620,6 +625,29 @@ def test_conversation_filters_and_search(admin_client, user):
     assert titles("q=alice") == {"summarized", "plain"}  # the owner
     assert "elsewhere" in page(admin_client, listing)  # offered as a source filter
     assert summarized.pk and plain.pk
+
+
+def test_message_filters_and_search(admin_client, user):
+    conversation = agent_conversation(user)
+    message_redact(conversation=conversation, seq=SECRET_SEQ)
+    message_append(conversation=conversation, messages=[user_message("¿Mañana a Tōkyō?")])
+    conversation_update(conversation=conversation, system="You book trips.")
+    listing = url("message_changelist")
+    rows = Message.objects.filter(conversation=conversation)
+
+    def seqs(query: str) -> set[int]:
+        html = page(admin_client, f"{listing}?{query}")
+        return {row.seq for row in rows if url("message_change", row.pk) in html}
+
+    assert seqs("state=archived") == set(rows.archived().values_list("seq", flat=True))
+    assert seqs("state=active") == set(rows.active().values_list("seq", flat=True))
+    assert seqs("state=replaced") == {0}  # the first system prompt
+    assert seqs("state=redacted") == {SECRET_SEQ}
+    assert seqs("state=archived") and seqs("state=active")
+    newest = rows.count() - 1
+    assert seqs(urlencode({"q": "You book trips."})) == {newest}  # the new system prompt
+    assert seqs(urlencode({"q": "mañana a tōkyō"})) == {newest - 1}  # any case, any script
+    assert seqs(urlencode({"q": "Ñandú"})) == set()
 
 
 def test_summary_filters(admin_client, user):

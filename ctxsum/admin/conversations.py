@@ -4,7 +4,6 @@ compaction and rebuild services one conversation at a time."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.formats import date_format
@@ -118,10 +117,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip()
         if term:
-            # SQLite stores JSON with non-ASCII characters and quotes escaped (\u00f1, \"):
-            # look for that spelling too. PostgreSQL's jsonb reads back unescaped.
-            spelled = Q(content__icontains=term) | Q(content__icontains=json.dumps(term)[1:-1])
-            said = Message.objects.filter(spelled, conversation=OuterRef("pk"))
+            said = Message.objects.containing(term).filter(conversation=OuterRef("pk"))
             results = results | queryset.filter(Exists(said))
         return results, may_have_duplicates
 

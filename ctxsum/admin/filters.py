@@ -1,4 +1,4 @@
-"""The list filters of the conversation and summary lists."""
+"""The list filters of the conversation, summary and message lists."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.admin import queries
-from ctxsum.models import CompactionAttempt, Summary
+from ctxsum.models import CompactionAttempt, Message, Summary
 from ctxsum.selectors import current_prompt, stale_summaries
 
 YES_NO = (("yes", _("Yes")), ("no", _("No")))
@@ -115,3 +115,23 @@ class CoverageFilter(_Choices):
         if value in ("50", "80"):
             return queryset.filter(coverage__lt=int(value) / 100)
         return queryset
+
+
+class MessageStateFilter(_Choices):
+    title = _("state")
+    parameter_name = "state"
+    options = (
+        ("active", _("active")),
+        ("archived", _("archived")),
+        ("replaced", _("replaced")),
+        ("redacted", _("redacted")),
+    )
+
+    def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        rows = {
+            "active": Message.objects.active(),
+            "archived": Message.objects.archived(),
+            "replaced": Message.objects.filter(replaced_at__isnull=False),
+            "redacted": Message.objects.filter(redacted_at__isnull=False),
+        }.get(value)
+        return queryset if rows is None else queryset.filter(pk__in=rows.values("pk"))

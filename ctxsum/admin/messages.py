@@ -4,11 +4,14 @@ conversation's review page."""
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
+from ctxsum.admin import filters
 from ctxsum.admin.base import MessageModelAdmin, ReadOnlyMixin, conversation_link
 from ctxsum.admin.queries import page_of
 from ctxsum.admin.rendering import content_blocks
@@ -18,12 +21,24 @@ from ctxsum.models import Message
 @admin.register(Message)
 class MessageAdmin(ReadOnlyMixin, MessageModelAdmin):
     list_display = ("seq", "conversation_title", "role", "preview", "tokens", "state")
-    list_filter = ("role",)
+    list_filter = (filters.MessageStateFilter, "role")
     list_select_related = ("conversation", "summary")
     list_per_page = 50
     show_full_result_count = False
     search_fields = ("conversation__id", "tool_call_id")
+    search_help_text = _("Conversation id, tool call id, or words in the message.")
     readonly_fields = ("in_review", *(field.name for field in Message._meta.fields))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Message], search_term: str
+    ) -> tuple[QuerySet[Message], bool]:
+        """Also the messages holding the whole search term."""
+        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term:
+            holding = Message.objects.containing(term).values("pk")
+            results = results | queryset.filter(pk__in=holding)
+        return results, may_have_duplicates
 
     @admin.display(description=_("conversation"), ordering="conversation__title")
     def conversation_title(self, obj: Message) -> str:
