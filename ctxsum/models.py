@@ -132,6 +132,12 @@ class Message(models.Model):
                 condition=Q(summary__isnull=True),
                 name="ctxsum_msg_active_seq",
             ),
+            # The current leading message of a conversation, wherever it stands.
+            models.Index(
+                fields=["conversation"],
+                condition=Q(is_leading=True, replaced_at__isnull=True),
+                name="ctxsum_msg_leading",
+            ),
         ]
 
     def __str__(self) -> str:

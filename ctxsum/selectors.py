@@ -107,7 +107,7 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
     """The active context: [leading system message] + [summary] + active messages in seq
     order, in OpenAI format. Two queries however long the conversation is."""
     summary = Summary.objects.filter(conversation=conversation, active=True).first()
-    rows = list(Message.objects.filter(conversation=conversation).active().order_by("seq"))
+    rows = _active_rows(conversation, summary)
     leading = [row for row in rows if row.is_leading]
     rows = leading + [row for row in rows if not row.is_leading]
     context = ActiveContext(
@@ -124,6 +124,23 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
         context.messages.append(row.as_openai())
         context.tokens.append(row.token_count)
     return context
+
+
+def _active_rows(conversation: Conversation, summary: Summary | None) -> list[Message]:
+    """The active messages in seq order, read in O(their number) whatever the table holds.
+
+    A compaction archives the oldest messages of the body, so the active body is what
+    follows the summary's range: a range of the (conversation, seq) index, which the
+    planner keeps using however many active rows other conversations have. The leading
+    message, wherever it stands, comes from its own index.
+    """
+    active = Message.objects.filter(conversation=conversation).active()
+    if summary is None:
+        return list(active.order_by("seq"))
+    # Unordered parts (no default ordering either): the union as a whole is ordered.
+    body = active.filter(seq__gt=summary.to_seq).order_by()
+    leading = active.filter(is_leading=True, seq__lte=summary.to_seq).order_by()
+    return list(body.union(leading, all=True).order_by("seq"))
 
 
 def conversation_list(*, owner: Any) -> QuerySet[Conversation]:

@@ -14,7 +14,6 @@ from django.http import Http404
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
-from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -25,6 +24,7 @@ from rest_framework.serializers import Serializer
 from ctxsum import selectors, services
 from ctxsum.api import schema
 from ctxsum.api.errors import ServerError, error_body
+from ctxsum.api.pagination import Pagination, TranscriptPagination
 from ctxsum.api.serializers import (
     POLICY_KEYS,
     ApiRootOutputSerializer,
@@ -100,15 +100,6 @@ def _api_exception(exc: Exception) -> Exception:
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages
         )
     return exc
-
-
-class Pagination(PageNumberPagination):
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
-
-    def get_paginated_response_schema(self, results: dict[str, Any]) -> dict[str, Any]:
-        return schema.page(super().get_paginated_response_schema(results))
 
 
 class CtxsumView(GenericAPIView[Any]):
@@ -314,6 +305,7 @@ class ConversationDetail(CtxsumView):
 
 class MessageList(CtxsumView):
     serializer_class = MessageBatchInputSerializer
+    pagination_class = TranscriptPagination
 
     @schema.operation(
         "messages_list",
