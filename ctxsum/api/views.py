@@ -25,6 +25,7 @@ from rest_framework.serializers import Serializer
 from ctxsum import selectors, services
 from ctxsum.api import schema
 from ctxsum.api.errors import ServerError, error_body
+from ctxsum.api.idempotency import idempotent, keep_raw_body
 from ctxsum.api.serializers import (
     POLICY_KEYS,
     ApiRootOutputSerializer,
@@ -45,6 +46,7 @@ from ctxsum.exceptions import MessagesInvalid, SummarizerError, TooLarge
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import failure_reason
+from ctxsum.services.idempotency import Claim
 
 logger = logging.getLogger("ctxsum.api")
 
@@ -114,6 +116,9 @@ class CtxsumView(GenericAPIView[Any]):
     # Bodies are JSON, whatever the project's defaults say: a form or multipart body is a 415
     # (its uploaded files were values no message or field can hold).
     parser_classes = [JSONParser]
+    # The Idempotency-Key this request holds, while an ``@idempotent`` method runs.
+    idempotency: Claim | None = None
+    _conversation: Conversation | None = None
 
     @classmethod
     def as_view(cls, **initkwargs: Any) -> Any:
@@ -126,6 +131,7 @@ class CtxsumView(GenericAPIView[Any]):
         return view
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        keep_raw_body(request)
         super().initial(request, *args, **kwargs)
         # Under WSGI a chunked body has no CONTENT_LENGTH, and Django reads it as empty:
         # refused, never taken for an empty request.
@@ -167,6 +173,12 @@ class CtxsumView(GenericAPIView[Any]):
         return selectors.conversation_list(owner=self.request.user)
 
     def get_conversation(self) -> Conversation:
+        """The conversation the path names, looked up once per request."""
+        if self._conversation is None:
+            self._conversation = self._conversation_lookup()
+        return self._conversation
+
+    def _conversation_lookup(self) -> Conversation:
         # Someone else's conversation, a missing one and a malformed id answer alike; an id
         # is its canonical form only (not urn:uuid:…, braces or capitals), one name per
         # conversation.
@@ -306,6 +318,7 @@ class MessageList(CtxsumView):
         transcript = selectors.transcript_list(conversation=self.get_conversation())
         return self.page_response(transcript, MessageOutputSerializer)
 
+    @idempotent
     @schema.operation(
         "messages_create",
         "Append one message, or a batch (all or none)",
@@ -326,7 +339,9 @@ class MessageList(CtxsumView):
         else:
             messages = [request.data]
         try:
-            appended = services.message_append(conversation=conversation, messages=messages)
+            appended = services.message_append(
+                conversation=conversation, messages=messages, idempotency=self.idempotency
+            )
         except MessagesInvalid as error:
             detail = {"messages": error.per_message} if batch else error.per_message[0]
             raise exceptions.ValidationError(detail) from error
@@ -349,6 +364,7 @@ class ContextDetail(CtxsumView):
 class ConversationCompact(CtxsumView):
     serializer_class = CompactInputSerializer
 
+    @idempotent
     @schema.operation(
         "conversations_compact",
         "Compact now: summarize what the policy archives",
