@@ -17,6 +17,8 @@ POSITIVE_KEYS = (
     "MAX_MESSAGE_BYTES",
     "MAX_BATCH_MESSAGES",
     "MAX_BODY_BYTES",
+    "IDEMPOTENCY_KEY_SECONDS",
+    "IDEMPOTENCY_CLAIM_SECONDS",
 )
 # Positive numbers, or None for "derived" / "none".
 OPTIONAL_POSITIVE_KEYS = ("LEASE_SECONDS", "MAX_CONTEXT_TOKENS")
@@ -134,6 +136,22 @@ def _lease_warnings() -> list[CheckMessage]:
     return []
 
 
+def _idempotency_warnings() -> list[CheckMessage]:
+    claim, timeout = ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS, ctxsum_settings.SUMMARY_TIMEOUT
+    if claim < timeout:
+        return [
+            Warning(
+                f"CTXSUM['IDEMPOTENCY_CLAIM_SECONDS'] ({claim}) is shorter than SUMMARY_TIMEOUT "
+                f"({timeout}): a retry may run a compaction again while the first request "
+                "with its Idempotency-Key still waits for the summarizer.",
+                hint="Make it longer than any request takes (the default is "
+                f"{DEFAULTS['IDEMPOTENCY_CLAIM_SECONDS']!r}).",
+                id="ctxsum.W004",
+            )
+        ]
+    return []
+
+
 def _body_limit_errors() -> list[CheckMessage]:
     """Django refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE before ctxsum sees it: a
     smaller value than MAX_BODY_BYTES makes the documented limit a lie."""
@@ -210,5 +228,6 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     errors = _policy_errors() + _number_errors()
     if not errors:
         errors += _input_budget_errors() + _body_limit_errors() + _lease_warnings()
+        errors += _idempotency_warnings()
         errors += _summarizer_errors()
     return errors + _encoding_warnings()

@@ -80,6 +80,14 @@ DEFAULTS: dict[str, Any] = {
     # Django's own default for DATA_UPLOAD_MAX_MEMORY_SIZE, which must be at least this
     # (ctxsum.E013): raise both together for larger bodies.
     "MAX_BODY_BYTES": 2_621_440,
+    # Seconds an Idempotency-Key and its answer are kept: a retry within them is answered
+    # from the first request; after them the key is free again (and ctxsum_cleanup_idempotency
+    # deletes it).
+    "IDEMPOTENCY_KEY_SECONDS": 24 * 60 * 60,
+    # Seconds after which a request that claimed a key and never answered (its worker died)
+    # is given up: a retry may then run it again, unless its write was applied. Longer than
+    # any request takes, a compaction's summarizer calls included.
+    "IDEMPOTENCY_CLAIM_SECONDS": 10 * 60,
 }
 
 IMPORT_STRINGS = ("SUMMARIZER",)
@@ -111,6 +119,8 @@ class CtxsumSettings:
     MAX_MESSAGE_BYTES: int
     MAX_BATCH_MESSAGES: int
     MAX_BODY_BYTES: int
+    IDEMPOTENCY_KEY_SECONDS: float
+    IDEMPOTENCY_CLAIM_SECONDS: float
 
     def __init__(self) -> None:
         self._cached: dict[str, Any] = {}

@@ -279,3 +279,54 @@ class CompactionAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.conversation_id} {self.outcome}"
+
+
+class IdempotencyKey(models.Model):
+    """A request sent with an ``Idempotency-Key`` header, and the answer it got: a retry
+    with the same key is answered from here (see docs/architecture.md, "Idempotency keys").
+
+    One row per owner, conversation and key; the unique constraint decides which of two
+    concurrent requests with the same key runs. ``token`` names the request that holds the
+    claim (a new one when an abandoned claim is taken over); ``applied_at`` is set in the
+    same transaction as the write of an append, so a write is never repeated, even when
+    its answer was never stored.
+    """
+
+    class State(models.TextChoices):
+        IN_PROGRESS = "in_progress"
+        DONE = "done"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ctxsum_idempotency_keys"
+    )
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="idempotency_keys"
+    )
+    key = models.CharField(max_length=255)
+    # What the request was: which operation (method and view), and the SHA-256 of the
+    # method, the operation and the raw body together.
+    operation = models.CharField(max_length=100)
+    fingerprint = models.CharField(max_length=64)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.IN_PROGRESS)
+    token = models.CharField(max_length=32)
+    claimed_at = models.DateTimeField()
+    applied_at = models.DateTimeField(null=True, blank=True)
+    # The answer, once there is one: its status and its data as JSON text (text, not
+    # jsonb, so a replay answers the keys in the order the first answer had them).
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.TextField(blank=True, default="")
+    answered_at = models.DateTimeField(null=True, blank=True)
+    # When the key was claimed first; it expires IDEMPOTENCY_KEY_SECONDS later.
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "conversation", "key"], name="ctxsum_idempotency_key_uniq"
+            ),
+        ]
+        indexes = [models.Index(fields=["created_at"], name="ctxsum_idempotency_created")]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id} {self.key}"

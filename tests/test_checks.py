@@ -100,6 +100,11 @@ def test_kept_tail_that_always_reaches_the_trigger_is_an_error(trigger, keep, id
         ({"LEASE_SECONDS": -1}, ["ctxsum.E005"]),
         ({"LEASE_SECONDS": 30, "SUMMARY_TIMEOUT": 60}, ["ctxsum.W003"]),
         ({"LEASE_SECONDS": 90, "SUMMARY_TIMEOUT": 60}, []),
+        ({"IDEMPOTENCY_KEY_SECONDS": 0}, ["ctxsum.E005"]),
+        ({"IDEMPOTENCY_KEY_SECONDS": "1 day"}, ["ctxsum.E005"]),
+        ({"IDEMPOTENCY_CLAIM_SECONDS": -1}, ["ctxsum.E005"]),
+        ({"IDEMPOTENCY_CLAIM_SECONDS": 30, "SUMMARY_TIMEOUT": 60}, ["ctxsum.W004"]),
+        ({"IDEMPOTENCY_KEY_SECONDS": 3600, "IDEMPOTENCY_CLAIM_SECONDS": 120}, []),
         # 600 - the prompt (~230) - 256 leaves less than 256 tokens of history per call.
         ({"SUMMARY_INPUT_BUDGET": 600, "SUMMARY_MAX_TOKENS": 256}, ["ctxsum.E010"]),
         ({"SUMMARY_INPUT_BUDGET": 900, "SUMMARY_MAX_TOKENS": 256}, []),

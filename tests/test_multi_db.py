@@ -7,20 +7,34 @@ automatic compaction inside a caller's transaction would not wait for it."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
+from rest_framework.test import APIClient
 
 from ctxsum import selectors, services
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, ToolCall
+from ctxsum.api.idempotency import REPLAYED_HEADER
+from ctxsum.models import (
+    CompactionAttempt,
+    Conversation,
+    IdempotencyKey,
+    Message,
+    Summary,
+    ToolCall,
+)
 from ctxsum.policy import Reason
+from ctxsum.services.idempotency import keys_expired_delete
 from tests.backends import HookSummarizer
+from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db(databases=["default", "other"], transaction=True)
 
 POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
-MODELS = (Conversation, Message, ToolCall, Summary, CompactionAttempt)
+MODELS = (Conversation, Message, ToolCall, Summary, CompactionAttempt, IdempotencyKey)
 
 
 class OtherDatabaseRouter:
@@ -112,3 +126,30 @@ def test_automatic_compaction_waits_for_the_callers_transaction_on_that_database
     assert HookSummarizer.calls
     assert Summary.objects.using("other").filter(conversation=conversation).count() == 1
     assert conversation.active_message_count < 7
+
+
+def test_idempotency_keys_live_on_the_routed_database(owner):
+    conversation = services.conversation_create(owner=owner, messages=turns(8), **POLICY)
+    api = APIClient()
+    api.force_authenticate(owner)
+    url = api_url("message-list", conversation)
+    answers = [
+        api.post(url, turns(1, start=8)[0], format="json", HTTP_IDEMPOTENCY_KEY="k")
+        for _ in range(2)
+    ]
+    compacted = [
+        api.post(api_url("compact", conversation), {}, format="json", HTTP_IDEMPOTENCY_KEY="c")
+        for _ in range(2)
+    ]
+
+    assert [a.status_code for a in answers] == [201, 201]
+    assert answers[1][REPLAYED_HEADER] == "true" and answers[1].content == answers[0].content
+    assert compacted[0].json()["compacted"] and compacted[1][REPLAYED_HEADER] == "true"
+    assert len(HookSummarizer.calls) == 1
+    assert not any(rows_on("default").values())
+    stored = rows_on("other")
+    assert (stored["Message"], stored["IdempotencyKey"]) == (9, 2)
+    # The cleanup looks on the routed database too.
+    IdempotencyKey.objects.using("other").update(created_at=timezone.now() - timedelta(days=2))
+    assert keys_expired_delete() == 2
+    assert not IdempotencyKey.objects.using("other").exists()

@@ -119,3 +119,21 @@ def test_rest_detail(api, conversation, django_assert_num_queries) -> None:
         response = api.get(url)
     assert response.status_code == 200
     assert response.json()["stats"]["message_count"] == conversation.message_count
+
+
+# With an Idempotency-Key: the claim's INSERT in a savepoint (SAVEPOINT, INSERT, RELEASE),
+# the claim marked applied inside the append's transaction, and the answer stored.
+KEYED_APPEND_QUERIES = REST_LOOKUP + APPEND_QUERIES + 3 + 1 + 1
+# A replay: the lookup, the INSERT the unique constraint refuses (SAVEPOINT, INSERT,
+# ROLLBACK TO SAVEPOINT, RELEASE), and the key's row.
+REPLAY_QUERIES = REST_LOOKUP + 4 + 1
+
+
+def test_rest_append_with_an_idempotency_key(api, conversation, django_assert_num_queries):
+    url = api_url("message-list", conversation)
+    with django_assert_num_queries(KEYED_APPEND_QUERIES):
+        response = api.post(url, user_message("One more?"), format="json", HTTP_IDEMPOTENCY_KEY="k")
+    assert response.status_code == 201
+    with django_assert_num_queries(REPLAY_QUERIES):
+        replay = api.post(url, user_message("One more?"), format="json", HTTP_IDEMPOTENCY_KEY="k")
+    assert replay.content == response.content

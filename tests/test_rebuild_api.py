@@ -195,3 +195,15 @@ def test_a_rebuild_through_the_openai_client_writes_the_servers_answer(
     assert response.json()["summary"]["text"] == openai_server.reply
     sent = openai_server.requests[-1]["body"]["messages"][-1]["content"]
     assert "AI-101" in sent and "<summary-so-far>" not in sent  # from the originals alone
+
+
+def test_a_rebuild_retried_with_its_key_is_not_run_again(api, compacted, settings):
+    settings.CTXSUM = {**settings.CTXSUM, "PROMPT_VERSION": "2"}
+    url = api_url("summary-rebuild", compacted)
+    first = api.post(url, HTTP_IDEMPOTENCY_KEY="rebuild-1")
+    retry = api.post(url, HTTP_IDEMPOTENCY_KEY="rebuild-1")
+    assert first.status_code == retry.status_code == 200
+    assert retry.json() == first.json() and retry["Idempotent-Replayed"] == "true"
+    assert Summary.objects.filter(conversation=compacted).count() == 2  # one rebuild only
+    again = api.post(url, HTTP_IDEMPOTENCY_KEY="rebuild-2")
+    assert again.json()["summary"]["version"] == 3  # a new key is a new rebuild

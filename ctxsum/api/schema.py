@@ -57,6 +57,20 @@ MESSAGE_SEQ = OpenApiParameter(
     pattern="^(0|[1-9][0-9]{0,9})$",
 )
 
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Optional: a key for this request, 1 to 255 visible ASCII characters, "
+    "unique per conversation (a UUID will do). A retry with the same key and the same body "
+    "is answered with the first success, marked `Idempotent-Replayed: true`, and stores "
+    "nothing new; keys are kept for `IDEMPOTENCY_KEY_SECONDS` (a day by default). An error "
+    "answer is not kept: a retry runs again. The same key with another body or on another "
+    "endpoint, or while the first request still runs, is a 409.",
+    pattern="^[!-~]{1,255}$",
+)
+
 
 # --------------------------------------------------------------------------- helpers
 
@@ -531,6 +545,12 @@ ERRORS = {
     404: (Error, "No such conversation (or someone else's), or no such page."),
     406: (Error, "None of the Accept header's media types can be served."),
     411: (Error, "A chunked body: send a Content-Length."),
+    409: (
+        Error,
+        "The Idempotency-Key names another request (`idempotency_key_reused`), one still "
+        "running (`idempotency_key_in_progress`), or one that was applied but never answered "
+        "(`idempotency_key_answer_lost`); nothing was run.",
+    ),
     413: (Error, "The body, a message or a batch is over its limit."),
     415: (Error, "The body is not JSON."),
     502: (BadGateway, "The summarizer failed; nothing was changed."),
@@ -543,11 +563,7 @@ BODY = (400, 411, 413, 415)
 
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     """The error answers of an operation: ``codes`` and those every operation has."""
-    wanted = sorted({*ALWAYS, *codes})
-    return {
-        code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
-        for code in wanted
-    }
+    return errors_only(*sorted({*ALWAYS, *codes}))
 
 
 def operation(
@@ -573,6 +589,36 @@ def operation(
         request=request,
         responses={status: response, **errors(*errors_too)},
     )
+
+
+def idempotent(handler: Any) -> Any:
+    """The ``Idempotency-Key`` header and the 409 answers, added to the operation that
+    ``operation`` declared on ``handler`` (see ctxsum.api.idempotency)."""
+    declared: Any = getattr(handler, "kwargs", {}).get("schema")
+    if declared is None:
+        raise TypeError(f"{handler.__qualname__}: put @idempotent above @schema.operation.")
+
+    def get_override_parameters(self: Any) -> list[Any]:
+        return [*declared.get_override_parameters(self), IDEMPOTENCY_KEY]
+
+    def get_response_serializers(self: Any) -> dict[int, Any]:
+        responses = {**declared.get_response_serializers(self), **errors_only(409)}
+        return dict(sorted(responses.items()))
+
+    methods = {
+        "get_override_parameters": get_override_parameters,
+        "get_response_serializers": get_response_serializers,
+    }
+    handler.kwargs = {**handler.kwargs, "schema": type("IdempotentSchema", (declared,), methods)}
+    return handler
+
+
+def errors_only(*codes: int) -> dict[int, OpenApiResponse]:
+    """The error answers ``codes``, and no others."""
+    return {
+        code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
+        for code in codes
+    }
 
 
 def page(schema: Schema) -> Schema:

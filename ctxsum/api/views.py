@@ -24,6 +24,7 @@ from rest_framework.serializers import Serializer
 from ctxsum import selectors, services
 from ctxsum.api import schema
 from ctxsum.api.errors import ServerError, error_body
+from ctxsum.api.idempotency import idempotent, keep_raw_body
 from ctxsum.api.pagination import Pagination, TranscriptPagination
 from ctxsum.api.serializers import (
     POLICY_KEYS,
@@ -47,6 +48,7 @@ from ctxsum.exceptions import MessagesInvalid, SummarizerError, TooLarge
 from ctxsum.models import Conversation, Message
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import failure_reason
+from ctxsum.services.idempotency import Claim
 
 logger = logging.getLogger("ctxsum.api")
 
@@ -111,6 +113,9 @@ class CtxsumView(GenericAPIView[Any]):
     # Bodies are JSON, whatever the project's defaults say: a form or multipart body is a 415
     # (its uploaded files were values no message or field can hold).
     parser_classes = [JSONParser]
+    # The Idempotency-Key this request holds, while an ``@idempotent`` method runs.
+    idempotency: Claim | None = None
+    _conversation: Conversation | None = None
 
     @classmethod
     def as_view(cls, **initkwargs: Any) -> Any:
@@ -123,6 +128,7 @@ class CtxsumView(GenericAPIView[Any]):
         return view
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        keep_raw_body(request)
         super().initial(request, *args, **kwargs)
         # Under WSGI a chunked body has no CONTENT_LENGTH, and Django reads it as empty:
         # refused, never taken for an empty request.
@@ -164,6 +170,12 @@ class CtxsumView(GenericAPIView[Any]):
         return selectors.conversation_list(owner=self.request.user)
 
     def get_conversation(self) -> Conversation:
+        """The conversation the path names, looked up once per request."""
+        if self._conversation is None:
+            self._conversation = self._conversation_lookup()
+        return self._conversation
+
+    def _conversation_lookup(self) -> Conversation:
         # Someone else's conversation, a missing one and a malformed id answer alike; an id
         # is its canonical form only (not urn:uuid:…, braces or capitals), one name per
         # conversation.
@@ -316,6 +328,7 @@ class MessageList(CtxsumView):
         transcript = selectors.transcript_list(conversation=self.get_conversation())
         return self.page_response(transcript, MessageOutputSerializer)
 
+    @idempotent
     @schema.operation(
         "messages_create",
         "Append one message, or a batch (all or none)",
@@ -336,7 +349,9 @@ class MessageList(CtxsumView):
         else:
             messages = [request.data]
         try:
-            appended = services.message_append(conversation=conversation, messages=messages)
+            appended = services.message_append(
+                conversation=conversation, messages=messages, idempotency=self.idempotency
+            )
         except MessagesInvalid as error:
             detail = {"messages": error.per_message} if batch else error.per_message[0]
             raise exceptions.ValidationError(detail) from error
@@ -384,6 +399,7 @@ class ContextDetail(CtxsumView):
 class ConversationCompact(CtxsumView):
     serializer_class = CompactInputSerializer
 
+    @idempotent
     @schema.operation(
         "conversations_compact",
         "Compact now: summarize what the policy archives",
@@ -408,6 +424,7 @@ class ConversationCompact(CtxsumView):
 class SummaryRebuild(CtxsumView):
     serializer_class = EmptyInputSerializer
 
+    @idempotent
     @schema.operation(
         "summaries_rebuild",
         "Write the active summary anew from the archived messages, under the current prompt",

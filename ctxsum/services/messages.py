@@ -19,6 +19,7 @@ from ctxsum.exceptions import MessagesInvalid, TooLarge
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.policy import LEADING_ROLES
 from ctxsum.services.autocompact import AutoCompaction, conversation_autocompact
+from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import messages_appended
 from ctxsum.validation import (
@@ -214,20 +215,24 @@ class Appended:
     compaction: AutoCompaction | None = None
 
 
-def message_append(*, conversation: Conversation, messages: Sequence[Any]) -> Appended:
+def message_append(
+    *, conversation: Conversation, messages: Sequence[Any], idempotency: Claim | None = None
+) -> Appended:
     """Append one or many messages, all or none; then, once that has committed, compact
     if AUTO_COMPACT is on and the trigger is reached.
 
     Raises ValidationError naming every bad field, or TooLarge; nothing is stored then. A
     failed automatic compaction never undoes the append: it is reported in the result.
     ``conversation`` is brought up to date with the row as the append (and the compaction
-    after it) left it.
+    after it) left it. With ``idempotency`` (an Idempotency-Key's claim), the claim is marked
+    applied in the append's own transaction: a retry with that key never appends again.
     """
     cleaned = messages_clean(messages)
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
     with transaction.atomic(using=db):
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
+        key_applied(idempotency)
         rows = messages_insert(locked, cleaned, counts)
         send = partial(
             messages_appended.send, sender=Conversation, conversation=locked, messages=rows

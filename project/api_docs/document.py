@@ -103,10 +103,18 @@ class Document:
             headers=tuple(f"{key}: {value}" for key, value in (headers or {}).items()),
         )
 
-    def request(self, method: str, path: str, body: Any = None, **shown: Any) -> Exchange:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **shown: Any,
+    ) -> Exchange:
         """Send a request and show it: the curl command, then the answer shortened as
         ``shown`` says (``only``, ``hide``, ``items``: see ``render.Shortening``)."""
-        exchange = self.call(method, path, body)
+        exchange = self.call(method, path, body, headers=headers)
         self.show(exchange, **shown)
         return exchange
 

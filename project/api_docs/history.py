@@ -142,10 +142,46 @@ def erasure(document: Document) -> None:
     expect(rebuilt.data["rebuilt"] and not rebuilt.data["summary"]["stale"], "rebuilt")
 
 
+def retries(document: Document) -> None:
+    document.text(
+        """
+        ## Retrying safely: Idempotency-Key
+
+        An append or a compaction sent with an `Idempotency-Key` header runs once: a retry
+        with the same key and the same body (the first answer was lost on the way, say) is
+        answered with the first answer, marked with the header `Idempotent-Replayed: true`,
+        and stores nothing new. Keys belong to the user and the conversation and are kept a
+        day (`IDEMPOTENCY_KEY_SECONDS`).
+        """
+    )
+    key = {"Idempotency-Key": "retry-0001"}
+    body = {"role": "user", "content": "And a 7 kg cabin bag?"}
+    before = document.call("GET", "/conversations/$CONV/").data["message_count"]
+    first = document.call("POST", MESSAGES, body, headers=key)
+    document.show(first)
+    document.text("The same request again, with the same key:")
+    retry = document.call("POST", MESSAGES, body, headers=key)
+    document.show(retry)
+    after = document.call("GET", "/conversations/$CONV/").data["message_count"]
+    expect(first.status == retry.status == 201, "both answer 201")
+    expect(retry.data == first.data, "the retry answers the first answer")
+    expect(after == before + 1, "the retry stored nothing")
+    document.text(
+        """
+        The same key with another body, or on another endpoint, is refused; so is a retry
+        while the first request still runs (`idempotency_key_in_progress`, answered at once).
+        An error answer is not kept: a retry after a 400 or a 502 runs again.
+        """
+    )
+    other = {"role": "user", "content": "And a 10 kg cabin bag?"}
+    document.request("POST", MESSAGES, other, headers=key)
+
+
 SECTIONS: tuple[Callable[[Document], None], ...] = (
     summaries_and_transcript,
     writing,
     auto_compact,
     changes,
     erasure,
+    retries,
 )

@@ -143,18 +143,21 @@ def curl(method: str, path: str, body: str | None, *, headers: Collection[str] =
     """The curl command of a request, with the variables of the document's setup block:
     ``$API``, ``${auth[@]}`` and ``${json[@]}``; ``path`` is under ``$API``."""
     url = f"$API{path}"
-    words = ["curl", '"${auth[@]}"']
-    words += [f'-H "{header}"' for header in headers]
+    options = ["curl", '"${auth[@]}"']
+    options += [f'-H "{header}"' for header in headers]
     if body is not None:
-        words.append('"${json[@]}"')
-    if method != "GET":
-        words += ["-X", method]
+        options.append('"${json[@]}"')
+    words = ["-X", method] if method != "GET" else []
     words.append(f'"{url}"' if "?" in url else url)
-    command = " ".join(words)
+    command = " ".join([*options, *words])
+    if len(command) >= WIDTH:
+        # Headers of its own: the method and URL go on a line of their own.
+        command = " ".join(options) + " \\\n  " + " ".join(words)
     if body is None:
         return command
     data = "-d '" + body.replace("'", "'\\''") + "'"
-    if "\n" not in body and len(command) + len(data) < WIDTH:
+    last = command.rpartition("\n")[2]
+    if "\n" not in body and len(last) + len(data) < WIDTH:
         return f"{command} {data}"
     return f"{command} \\\n  {data}"
 

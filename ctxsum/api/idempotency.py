@@ -1,0 +1,176 @@
+"""The ``Idempotency-Key`` header: ``@idempotent`` on a view method of a conversation's
+endpoint (above its ``@schema.operation``) makes a retry with the same key answer what the
+first request answered, without running again.
+
+The key belongs to the user and the conversation; the request it names is its method, its
+view and its raw body. A first request claims the key, runs, and stores its answer when it
+is a success (2xx); any other answer gives the key back, since the request stored nothing
+and running it again is safe. A retry gets the stored answer, marked ``Idempotent-Replayed:
+true``; the same key on another request, or while the first one is still running, is a 409.
+The view hands ``self.idempotency`` (the claim) to a service whose write must never repeat,
+which marks the claim in the write's own transaction (``message_append(idempotency=…)``).
+See docs/architecture.md, "Idempotency keys".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import wraps
+from typing import TYPE_CHECKING, Any
+
+from django.http.request import RawPostDataException
+from django.utils.translation import gettext_lazy as _
+from rest_framework import exceptions, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ctxsum.api import schema
+from ctxsum.conf import ctxsum_settings
+from ctxsum.services.idempotency import (
+    Answer,
+    ClaimLost,
+    Found,
+    fingerprint,
+    key_answer,
+    key_claim,
+    key_release,
+)
+
+if TYPE_CHECKING:
+    from ctxsum.api.views import CtxsumView
+
+HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+META_NAME = "HTTP_IDEMPOTENCY_KEY"
+# Visible ASCII: no spaces, no control characters, nothing a header cannot carry as sent.
+KEY_FORM = re.compile(r"[!-~]{1,255}")
+
+INVALID_KEY = _(
+    "The Idempotency-Key header must be 1 to 255 visible ASCII characters (no spaces, no "
+    "control characters)."
+)
+KEY_REUSED = _(
+    "This Idempotency-Key was sent with another request (another endpoint or another body) "
+    "on this conversation; use a new key for a new request."
+)
+KEY_IN_PROGRESS = _(
+    "The request with this Idempotency-Key is still running; retry once it has answered."
+)
+ANSWER_LOST = _(
+    "The request with this Idempotency-Key was applied, but its worker stopped before its "
+    "answer was stored; it is not run again. Read the conversation to see what it stored."
+)
+
+
+class InvalidIdempotencyKey(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = INVALID_KEY
+    default_code = "invalid_idempotency_key"
+
+
+class IdempotencyKeyReused(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = KEY_REUSED
+    default_code = "idempotency_key_reused"
+
+
+class IdempotencyKeyInProgress(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = KEY_IN_PROGRESS
+    default_code = "idempotency_key_in_progress"
+
+
+class IdempotencyAnswerLost(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = ANSWER_LOST
+    default_code = "idempotency_key_answer_lost"
+
+
+REFUSALS: dict[Found, type[exceptions.APIException]] = {
+    Found.REUSED: IdempotencyKeyReused,
+    Found.IN_PROGRESS: IdempotencyKeyInProgress,
+    Found.ANSWER_LOST: IdempotencyAnswerLost,
+}
+
+Handler = Callable[..., Response]
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's Idempotency-Key, or None without one; InvalidIdempotencyKey when it is
+    not one (empty, too long, not visible ASCII)."""
+    # Under WSGI a header's bytes arrive as Latin-1 text: anything past ASCII fails here.
+    key: str | None = request.META.get(META_NAME)
+    if key is not None and not KEY_FORM.fullmatch(key):
+        raise InvalidIdempotencyKey
+    return key
+
+
+def keep_raw_body(request: Request) -> None:
+    """Read the body of a request with an Idempotency-Key before anything parses it (a
+    session's CSRF check does, during authentication): its bytes are what the key's
+    fingerprint hashes, and parsing consumes the stream. A body over the limit is left
+    alone, for the view to refuse."""
+    if META_NAME not in request.META:
+        return
+    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+    if not chunked and int(request.META.get("CONTENT_LENGTH") or 0) <= (
+        ctxsum_settings.MAX_BODY_BYTES
+    ):
+        request._request.body  # noqa: B018  (Django keeps it, and parses from the copy)
+
+
+def _raw_body(request: Request) -> bytes:
+    try:
+        body: bytes = request._request.body
+    except RawPostDataException:
+        # Something read the stream before keep_raw_body could (a middleware of the
+        # project's): the parsed body, in a canonical form, stands for the bytes.
+        canonical = json.dumps(request.data, sort_keys=True, separators=(",", ":"))
+        body = canonical.encode()
+    return body
+
+
+def idempotent(handler: Handler) -> Handler:
+    """Honour ``Idempotency-Key`` on a view method of an endpoint about one conversation,
+    and describe the header and its 409 answers in the schema. Put it above
+    ``@schema.operation``."""
+
+    @wraps(handler)
+    def answer(view: CtxsumView, request: Request, *args: Any, **kwargs: Any) -> Response:
+        key = idempotency_key(request)
+        if key is None:
+            return handler(view, request, *args, **kwargs)
+        body = _raw_body(request)
+        operation = f"{request.method} {type(view).__name__}"
+        found = key_claim(
+            owner=request.user,
+            conversation=view.get_conversation(),
+            key=key,
+            operation=operation,
+            fingerprint=fingerprint(request.method or "", operation, body),
+        )
+        if isinstance(found, Answer):
+            return Response(found.data, status=found.status, headers={REPLAYED_HEADER: "true"})
+        if isinstance(found, Found):
+            raise REFUSALS[found]
+        view.idempotency = found
+        try:
+            response = handler(view, request, *args, **kwargs)
+        except ClaimLost as error:
+            # An abandoned claim was taken over by a retry: that one runs, this one stops.
+            raise IdempotencyKeyInProgress from error
+        except BaseException:
+            key_release(found)
+            raise
+        finally:
+            view.idempotency = None
+        if status.is_success(response.status_code):
+            key_answer(found, status=response.status_code, data=response.data)
+        else:
+            key_release(found)
+        return response
+
+    described: Handler = schema.idempotent(answer)
+    return described
