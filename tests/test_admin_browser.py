@@ -9,7 +9,6 @@ screenshots`` sets it to docs/images), where the README shows them."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,9 @@ from django.urls import reverse
 from ctxsum.models import Conversation, Summary
 from ctxsum.services import conversation_update, file_import
 from tests.factories import compact
+from tests.support.browser import chromium, local_url, log_in, needs_chromium
 from tests.support.shared import FIXTURE_CONVERSATIONS
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 WIDTH = 1280
 MAX_HEIGHT = 2400  # a full page, up to this
 # An agent run with parallel tool calls (tests/fixtures/README.md), and others compacted
@@ -29,30 +27,13 @@ MAX_HEIGHT = 2400  # a full page, up to this
 AGENT = "tau2sub-ironshell-ironforge_ironshell-ui_2026-03-09"
 OTHERS = ("taubench-gpt-4o-airline", "tooltalk-data_tooltalk_Calendar", "star-4965")
 
-pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists() or not Path(CHROMEDRIVER).exists(),
-        reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
-        "chromium-driver)",
-    ),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = [needs_chromium, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
 def browser():
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-dev-shm-usage", "--force-device-scale-factor=1",
-                     f"--window-size={WIDTH},900"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    yield driver
-    driver.quit()
+    with chromium(width=WIDTH) as driver:
+        yield driver
 
 
 @pytest.fixture
@@ -89,17 +70,6 @@ def _shoot(driver, path: Path) -> None:
     driver.set_window_size(WIDTH, 900)
 
 
-def _log_in(driver, base_url: str, username: str, password: str) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.wait import WebDriverWait
-
-    driver.get(base_url + reverse("admin:login"))
-    driver.find_element(By.NAME, "username").send_keys(username)
-    driver.find_element(By.NAME, "password").send_keys(password)
-    driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
-    logged_in = expected_conditions.presence_of_element_located((By.ID, "logout-form"))
-    WebDriverWait(driver, 10).until(logged_in)
 
 
 def test_screenshots_of_the_review_pages(
@@ -111,28 +81,29 @@ def test_screenshots_of_the_review_pages(
     admin = django_user_model.objects.create_superuser("reviewer", password="pw-reviewer")
     conversation = _agent_conversation(admin, settings)
     summary = Summary.objects.get(conversation=conversation, active=True)
-    _log_in(browser, live_server.url, "reviewer", "pw-reviewer")
+    base = local_url(live_server)
+    log_in(browser, base, "reviewer", "pw-reviewer")
 
     review = reverse("admin:ctxsum_conversation_review", args=[conversation.pk])
-    browser.get(live_server.url + review)
+    browser.get(base + review)
     assert browser.find_element(By.CSS_SELECTOR, ".ctxsum-summary-msg").is_displayed()
     assert browser.find_elements(By.CSS_SELECTOR, ".ctxsum-call pre.ctxsum-json")
     _shoot(browser, screenshots / "admin-conversation.png")
 
-    browser.get(live_server.url + reverse("admin:ctxsum_summary_change", args=[summary.pk]))
+    browser.get(base + reverse("admin:ctxsum_summary_change", args=[summary.pk]))
     assert browser.find_elements(By.CSS_SELECTOR, ".ctxsum-diff ins, .ctxsum-diff del")
     assert browser.find_elements(By.CSS_SELECTOR, ".ctxsum-newly")
     _shoot(browser, screenshots / "admin-summary.png")
 
     settings.CTXSUM = {**settings.CTXSUM, "PROMPT_VERSION": "2"}
-    browser.get(live_server.url + reverse("admin:ctxsum_conversation_changelist") + "?stale=yes")
+    browser.get(base + reverse("admin:ctxsum_conversation_changelist") + "?stale=yes")
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 1 + len(OTHERS)  # every active summary: prompt version 1
     browser.find_element(By.ID, "action-toggle").click()  # select them all
     Select(browser.find_element(By.NAME, "action")).select_by_value("rebuild_stale")
     _shoot(browser, screenshots / "admin-stale.png")
 
-    browser.get(live_server.url + reverse("admin:ctxsum_summary_changelist") + "?stale=yes")
+    browser.get(base + reverse("admin:ctxsum_summary_changelist") + "?stale=yes")
     rows = browser.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
     assert len(rows) == 2 + len(OTHERS)  # superseded or not, all under version 1
     assert browser.find_elements(By.CSS_SELECTOR, ".ctxsum-badge.ctxsum-stale")

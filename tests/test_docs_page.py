@@ -11,70 +11,33 @@ reference is also counted, and the test fails on it.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from django.urls import reverse
 from drf_spectacular.generators import SchemaGenerator
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-LOCAL_HOST = "127.0.0.1"
+from tests.support.browser import LOCAL_HOST, WAIT_SECONDS, chromium, local_url, needs_chromium
+
 # URLs that make no request: the page's own inline data and blobs.
 NO_NETWORK = ("data", "blob", "about", "chrome", "devtools")
-WAIT_SECONDS = 60  # generous: CI runs three suites side by side on two cores
 
 pytestmark = [
-    pytest.mark.skipif(
-        not CHROMIUM.exists() or not shutil.which(str(CHROMEDRIVER)),
-        reason="needs Chromium and its driver: apt-get install chromium chromium-driver",
-    ),
+    needs_chromium,
     # The live server answers from another thread: the test database must be committed.
     pytest.mark.django_db(transaction=True),
 ]
 
 
 @pytest.fixture
-def browser(monkeypatch) -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    # Selenium Manager must not look for (or download) a browser of its own.
-    monkeypatch.setenv("SE_OFFLINE", "true")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # CI runs as root
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        # Any host but 127.0.0.1 fails to resolve: nothing can leave the machine.
-        f"--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE {LOCAL_HOST}",
-        # Chromium's own traffic (updates, sync, field trials) stays off too.
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--no-default-browser-check",
-        "--window-size=1280,2000",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
-    driver.set_page_load_timeout(WAIT_SECONDS)
-    try:
+def browser() -> Iterator[object]:
+    with chromium(height=2000, log_network=True) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def docs_url(live_server) -> str:
-    # By address, not by name: localhost would be a host of its own to the resolver rule.
-    port = urlsplit(live_server.url).port
-    return f"http://{LOCAL_HOST}:{port}{reverse('api-docs')}"
+    return local_url(live_server, reverse("api-docs"))
 
 
 def requested_urls(driver) -> list[str]:
