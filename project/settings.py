@@ -82,6 +82,8 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+# The chat page asks for a login through the browsable API's login page.
+LOGIN_URL = "rest_framework:login"
 
 # Errors reach the console with their tracebacks: Django's (django.request: every 500) and
 # ctxsum's own (ctxsum.api: an unexpected exception in a view; ctxsum.compaction: failed

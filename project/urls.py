@@ -3,8 +3,11 @@ from django.urls import include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from project import views
+
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
+    path("chat/", views.chat, name="chat"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
