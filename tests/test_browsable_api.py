@@ -18,6 +18,7 @@ ENDPOINTS = [
     ("ctxsum:context", True, {"GET"}),
     ("ctxsum:compact", True, {"POST"}),
     ("ctxsum:summary-list", True, {"GET"}),
+    ("ctxsum:chat", True, {"POST"}),
 ]
 
 

@@ -117,7 +117,7 @@ def test_the_docs_page_renders_the_api_from_127_0_0_1_only(browser, live_server)
     operations = rendered_operations(browser)
     title = browser.find_element(By.CSS_SELECTOR, ".info .title").text
     assert title.startswith("ctxsum"), title
-    assert len(operations) == 11, operations
+    assert len(operations) == 12, operations
     paths = {path.replace("\u200b", "") for _, path in operations}
     assert "/api/conversations/{id}/messages/" in paths
     assert ("POST", "/api/conversations/{id}/compact/") in {
