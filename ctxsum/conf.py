@@ -88,6 +88,28 @@ DEFAULTS: dict[str, Any] = {
     # is given up: a retry may then run it again, unless its write was applied. Longer than
     # any request takes, a compaction's summarizer calls included.
     "IDEMPOTENCY_CLAIM_SECONDS": 10 * 60,
+    # The chat turn (POST .../chat/, services.chat_turn). Its primary model is the request's
+    # ``model``, else the conversation's, else DEFAULT_MODEL; these are tried in order after
+    # it when it fails (after its retries).
+    "CHAT_FALLBACK_MODELS": [],
+    # Options of the chat model's client: base_url, api_key (default: OPENAI_BASE_URL /
+    # OPENAI_API_KEY), extra_body (extra JSON fields), max_tokens_param
+    # ("max_completion_tokens", or "max_tokens" for older servers).
+    "CHAT_OPTIONS": {},
+    # Seconds one chat model request may take (between two chunks when streaming).
+    "CHAT_TIMEOUT": 60,
+    # Retries of one model after a transient error (429, 408, 409, 5xx, timeout, connection),
+    # waiting CHAT_RETRY_BACKOFF seconds before the first, doubling each time.
+    "CHAT_RETRIES": 2,
+    "CHAT_RETRY_BACKOFF": 0.5,
+    # Chat turns (model calls) a conversation may make in all, and a user per UTC day
+    # (None: no limit). A reservation is taken before anything else and given back when the
+    # turn fails; summarizer calls never count.
+    "CHAT_MAX_CALLS_PER_CONVERSATION": None,
+    "CHAT_MAX_CALLS_PER_USER_PER_DAY": None,
+    # Seconds a conversation's turn lock holds: a turn older than this is taken for
+    # abandoned (its worker died) and the next turn takes the lock over.
+    "CHAT_TURN_SECONDS": 600,
 }
 
 IMPORT_STRINGS = ("SUMMARIZER",)
@@ -121,6 +143,14 @@ class CtxsumSettings:
     MAX_BODY_BYTES: int
     IDEMPOTENCY_KEY_SECONDS: float
     IDEMPOTENCY_CLAIM_SECONDS: float
+    CHAT_FALLBACK_MODELS: list[str]
+    CHAT_OPTIONS: dict[str, Any]
+    CHAT_TIMEOUT: float
+    CHAT_RETRIES: int
+    CHAT_RETRY_BACKOFF: float
+    CHAT_MAX_CALLS_PER_CONVERSATION: int | None
+    CHAT_MAX_CALLS_PER_USER_PER_DAY: int | None
+    CHAT_TURN_SECONDS: float
 
     def __init__(self) -> None:
         self._cached: dict[str, Any] = {}

@@ -10,7 +10,14 @@ from django.db.models import Count, QuerySet, Sum
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, SummaryQuerySet
+from ctxsum.models import (
+    ChatTurn,
+    CompactionAttempt,
+    Conversation,
+    Message,
+    Summary,
+    SummaryQuerySet,
+)
 from ctxsum.policy import Policy, parse_policy
 
 
@@ -165,7 +172,7 @@ def summary_list(*, conversation: Conversation) -> QuerySet[Summary]:
 
 
 def conversation_stats(*, conversation: Conversation) -> dict[str, int]:
-    """Counts and token totals of one conversation."""
+    """Counts and token totals of one conversation, its chat turns' usage included."""
     archived = Message.objects.filter(conversation=conversation).archived()
     archived_totals = archived.aggregate(count=Count("id"), tokens=Sum("token_count"))
     active_summary = (
@@ -184,4 +191,17 @@ def conversation_stats(*, conversation: Conversation) -> dict[str, int]:
             conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED
         ).count(),
         "tokens_saved": max(0, archived_tokens - (active_summary or 0)),
+        **chat_usage(conversation=conversation),
     }
+
+
+def chat_usage(*, conversation: Conversation) -> dict[str, int]:
+    """The conversation's chat turns and the tokens they used, as the provider reported
+    them (a turn it reported nothing for adds nothing). One query."""
+    totals = ChatTurn.objects.filter(conversation=conversation).aggregate(
+        chat_turns=Count("id"),
+        prompt_tokens=Sum("prompt_tokens"),
+        completion_tokens=Sum("completion_tokens"),
+        cached_tokens=Sum("cached_tokens"),
+    )
+    return {key: value or 0 for key, value in totals.items()}

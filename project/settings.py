@@ -18,6 +18,8 @@ env = environ.Env(
     CTXSUM_SUMMARY_TIMEOUT=(float, 60.0),
     # Unset: the lease lasts one summarizer call (CTXSUM_SUMMARY_TIMEOUT + 5 s).
     CTXSUM_LEASE_SECONDS=(float, None),
+    # Comma-separated models the chat turn falls back to, in order.
+    CTXSUM_CHAT_FALLBACK_MODELS=(list, []),
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
@@ -139,7 +141,9 @@ _summarizer = env("CTXSUM_SUMMARIZER", default="openai" if _has_openai else "off
 CTXSUM = {
     "SUMMARIZER": _SUMMARIZERS.get(_summarizer, _summarizer),
     "SUMMARY_MODEL": env("CTXSUM_SUMMARY_MODEL", default="gpt-4o-mini"),
+    # The chat turn's primary model (a conversation's own model comes first).
     "DEFAULT_MODEL": env("CTXSUM_CHAT_MODEL", default="gpt-4o"),
+    "CHAT_FALLBACK_MODELS": env("CTXSUM_CHAT_FALLBACK_MODELS"),
     "SUMMARY_TIMEOUT": env("CTXSUM_SUMMARY_TIMEOUT"),
     "LEASE_SECONDS": env("CTXSUM_LEASE_SECONDS"),
 }

@@ -70,3 +70,19 @@ def openai_summarizer(openai_server, settings):
         "SUMMARY_TIMEOUT": 1,
     }
     return openai_server
+
+
+@pytest.fixture
+def chat_model(openai_summarizer, settings):
+    """CTXSUM's chat model and its summarizer both pointed at one local server (the
+    summarizer through the real openai backend, as ``openai_summarizer``); no backoff, so
+    retries cost no time. The chat requests name ``gpt-4o``, the summarizer's
+    ``summary-model-1``."""
+    settings.CTXSUM = {
+        **settings.CTXSUM,
+        "DEFAULT_MODEL": "gpt-4o",
+        "CHAT_OPTIONS": {"base_url": openai_summarizer.base_url, "api_key": "chat-key"},
+        "CHAT_TIMEOUT": 5,
+        "CHAT_RETRY_BACKOFF": 0,
+    }
+    return openai_summarizer

@@ -13,11 +13,25 @@ records every request. Set ``mode`` to choose the answer:
 - ``"malformed"``: 200, ``Content-Type: application/json``, body ``{not json``;
 - ``"text"``: 200, ``Content-Type: text/plain``, a body that is not JSON;
 - ``"no_choices"``: a chat.completion with ``choices: []``.
+
+For the chat turn's tests, on top of the mode:
+
+- ``script``: a list of per-request answers taken in order, each a dict with any of
+  ``status`` (an error status to answer with), ``reply`` (the content), ``tool_calls``
+  (the reply's tool calls), ``drop_after``; once it is empty, ``mode`` answers;
+- ``model_status``: model name -> error status, for every request naming that model;
+- ``tool_calls``, ``cached_tokens``: what every "ok" reply carries (tool calls instead of
+  content; ``usage.prompt_tokens_details.cached_tokens``);
+- a request with ``"stream": true`` is answered as server-sent events: a role chunk, the
+  content in ``stream_pieces`` pieces (or the tool calls' deltas), a chunk with the finish
+  reason, a usage chunk when ``stream_options.include_usage`` asks for it, ``[DONE]``.
+  Chunked, so ``drop_after = N`` cuts the connection after N chunks, mid-body.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +59,12 @@ class FakeOpenAI:
         self.reply: str | None = None
         self.finish_reason = "stop"
         self.error_status = 500
+        self.script: list[dict[str, Any]] = []
+        self.model_status: dict[str, int] = {}
+        self.tool_calls: list[dict[str, Any]] | None = None
+        self.cached_tokens: int | None = None
+        self.stream_pieces = 3
+        self.drop_after: int | None = None
         self._released = threading.Event()
         self.requests: list[dict[str, Any]] = []
         self._condition = threading.Condition()
@@ -92,6 +112,24 @@ class FakeOpenAI:
             self.requests.clear()
         self.mode, self.reply, self.error_status = "ok", None, 500
         self.finish_reason = "stop"
+        self.script, self.model_status = [], {}
+        self.tool_calls = self.cached_tokens = self.drop_after = None
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        """The JSON bodies of the requests received, in order."""
+        with self._condition:
+            return [request["body"] for request in self.requests]
+
+    def _plan(self, body: Any) -> dict[str, Any]:
+        """What this request is answered with: the script's next entry, the model's status,
+        else the mode's answer."""
+        with self._condition:
+            plan = dict(self.script.pop(0)) if self.script else {}
+        model = body.get("model") if isinstance(body, dict) else None
+        if "status" not in plan and model in self.model_status:
+            plan["status"] = self.model_status[model]
+        return plan
 
     def close(self) -> None:
         """Stop serving; a sleeping "slow" handler wakes up and its client gets cut off."""
@@ -118,56 +156,111 @@ class FakeOpenAI:
             self._in_flight -= 1
             self._condition.notify_all()
 
-    def _answer(self, body: Any) -> tuple[int, str, bytes]:
+    def _answer(self, body: Any, plan: dict[str, Any]) -> tuple[int, str, bytes]:
         """Status, content type and body for one chat completion request."""
         mode = self.mode
+        if "status" in plan:
+            return plan["status"], "application/json", _json(_error_body())
         if mode not in MODES:
             return 500, "application/json", _json({"error": {"message": f"Bad mode {mode!r}"}})
-        if mode == "slow":
-            self._closing.wait(self.delay)
-        if mode == "hold":
-            self._released.wait(self.delay)
         if mode == "error":
-            error = {
-                "error": {
-                    "message": "The fake server had an error.",
-                    "type": "server_error",
-                    "param": None,
-                    "code": None,
-                }
-            }
-            return self.error_status, "application/json", _json(error)
+            return self.error_status, "application/json", _json(_error_body())
         if mode == "malformed":
             return 200, "application/json", b"{not json"
         if mode == "text":
             return 200, "text/plain", b"this is not a chat completion"
-        user = _user_content(body)
-        content = {"blank": "", "null": None}.get(
-            mode, self.reply if self.reply is not None else fake_summary(user)
-        )
+        content, tool_calls = self._reply(body, plan)
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
         choices = [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": content, "refusal": None},
-                "finish_reason": self.finish_reason,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else self.finish_reason,
                 "logprobs": None,
             }
         ]
-        completion_tokens = len(content or "") // 4 + 1
-        prompt_tokens = sum(len(str(m.get("content") or "")) for m in _messages(body)) // 4 + 1
         completion = {
             "id": f"chatcmpl-fake-{len(self.requests)}",
             "object": "chat.completion",
             "created": 1_700_000_000,
             "model": body.get("model", "") if isinstance(body, dict) else "",
             "choices": [] if mode == "no_choices" else choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            "usage": self._usage(body, content, tool_calls),
         }
         return 200, "application/json", _json(completion)
+
+    def _reply(self, body: Any, plan: dict[str, Any]) -> tuple[Any, list[dict[str, Any]] | None]:
+        """The reply's content and tool calls."""
+        tool_calls = plan.get("tool_calls", self.tool_calls)
+        if tool_calls:
+            return None, tool_calls
+        reply = plan.get("reply", self.reply)
+        content = reply if reply is not None else fake_summary(_user_content(body))
+        return {"blank": "", "null": None}.get(self.mode, content), None
+
+    def _usage(self, body: Any, content: Any, tool_calls: Any) -> dict[str, Any]:
+        completion_tokens = len(content or json.dumps(tool_calls or "")) // 4 + 1
+        prompt_tokens = sum(len(str(m.get("content") or "")) for m in _messages(body)) // 4 + 1
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
+
+    def _wait(self) -> None:
+        if self.mode == "slow":
+            self._closing.wait(self.delay)
+        if self.mode == "hold":
+            self._released.wait(self.delay)
+
+    def _chunks(self, body: Any, plan: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chunks of a streamed answer, usage chunk included when asked for."""
+        content, tool_calls = self._reply(body, plan)
+        base = {
+            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "object": "chat.completion.chunk",
+            "created": 1_700_000_000,
+            "model": body.get("model", ""),
+        }
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            return {**base, "choices": [choice]}
+
+        chunks = [chunk({"role": "assistant", "content": ""})]
+        if tool_calls:
+            for index, call in enumerate(tool_calls):
+                function = call["function"]
+                head = {"name": function["name"], "arguments": ""}
+                chunks.append(
+                    chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": index,
+                                    "id": call["id"],
+                                    "type": "function",
+                                    "function": head,
+                                }
+                            ]
+                        }
+                    )
+                )
+                for piece in _pieces(function["arguments"], 2):
+                    delta = {"index": index, "function": {"arguments": piece}}
+                    chunks.append(chunk({"tool_calls": [delta]}))
+        else:
+            for piece in _pieces(content or "", self.stream_pieces):
+                chunks.append(chunk({"content": piece}))
+        chunks.append(chunk({}, "tool_calls" if tool_calls else self.finish_reason))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            chunks.append({**base, "choices": [], "usage": self._usage(body, content, tool_calls)})
+        return chunks
 
 
 @contextmanager
@@ -213,10 +306,38 @@ class _Handler(BaseHTTPRequestHandler):
             if body is None:
                 error = {"error": {"message": "Request body is not JSON.", "type": "invalid"}}
                 self._send(400, "application/json", _json(error))
+                return
+            plan = fake._plan(body)
+            fake._wait()
+            if isinstance(body, dict) and body.get("stream") and "status" not in plan:
+                drop_after = plan.get("drop_after", fake.drop_after)
+                self._stream(fake._chunks(body, plan), drop_after)
             else:
-                self._send(*fake._answer(body))
+                self._send(*fake._answer(body, plan))
         finally:
             fake._done()
+
+    def _stream(self, chunks: list[dict[str, Any]], drop_after: int | None) -> None:
+        """Server-sent events in a chunked body; cut off after ``drop_after`` events."""
+        self.protocol_version = "HTTP/1.1"
+        self.close_connection = True
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            events = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+            for number, event in enumerate(events):
+                if drop_after is not None and number >= drop_after:
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                data = event.encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
 
     def do_GET(self) -> None:
         self._send(404, "application/json", _json({"error": {"message": "Not found."}}))
@@ -233,6 +354,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+def _error_body() -> dict[str, Any]:
+    return {
+        "error": {
+            "message": "The fake server had an error.",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
+
+
+def _pieces(text: str, count: int) -> list[str]:
+    """``text`` in ``count`` pieces (fewer when it is shorter), joined back exactly."""
+    if not text:
+        return []
+    size = max(1, -(-len(text) // count))
+    return [text[start : start + size] for start in range(0, len(text), size)]
 
 
 def _json(value: Any) -> bytes:

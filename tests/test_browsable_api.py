@@ -20,6 +20,7 @@ ENDPOINTS = [
     ("ctxsum:summary-list", True, {"GET"}),
     ("ctxsum:summary-rebuild", True, {"POST"}),
     ("ctxsum:message-redact", True, {"POST"}),
+    ("ctxsum:chat", True, {"POST"}),
 ]
 # The path beyond the conversation's id.
 PATHS = {"ctxsum:message-redact": {"seq": 1}}

@@ -231,3 +231,38 @@ def test_djangos_upload_limit_must_not_undercut_max_body_bytes(settings, upload,
     assert ctxsum_ids(MAX_BODY_BYTES=8 * 1024 * 1024) == ids
     assert ctxsum_ids(MAX_BODY_BYTES=1_000_000) == []
     assert ctxsum_ids() == []  # the defaults agree
+
+
+@pytest.mark.parametrize(
+    "chat_settings",
+    [
+        {"CHAT_TIMEOUT": 0},
+        {"CHAT_TURN_SECONDS": "long"},
+        {"CHAT_RETRIES": -1},
+        {"CHAT_RETRIES": 1.5},
+        {"CHAT_RETRY_BACKOFF": -0.1},
+        {"CHAT_MAX_CALLS_PER_CONVERSATION": 0},
+        {"CHAT_MAX_CALLS_PER_USER_PER_DAY": True},
+        {"CHAT_FALLBACK_MODELS": "gpt-4o-mini"},
+        {"CHAT_FALLBACK_MODELS": ["ok", ""]},
+        {"CHAT_OPTIONS": {"base_uri": "http://x"}},
+        {"CHAT_OPTIONS": {"api_key": 5}},
+        {"CHAT_OPTIONS": {"max_tokens_param": "max_output_tokens"}},
+        {"CHAT_OPTIONS": "http://x"},
+    ],
+)
+def test_bad_chat_settings(chat_settings) -> None:
+    assert ctxsum_ids(**chat_settings) == ["ctxsum.E014"]
+
+
+def test_good_chat_settings_and_a_short_turn_lock() -> None:
+    good = {
+        "CHAT_FALLBACK_MODELS": ["gpt-4o-mini"],
+        "CHAT_OPTIONS": {"base_url": "http://127.0.0.1:8080/v1", "max_tokens_param": "max_tokens"},
+        "CHAT_RETRIES": 0,
+        "CHAT_RETRY_BACKOFF": 0,
+        "CHAT_MAX_CALLS_PER_CONVERSATION": 100,
+        "CHAT_MAX_CALLS_PER_USER_PER_DAY": 1000,
+    }
+    assert ctxsum_ids(**good) == []
+    assert ctxsum_ids(CHAT_TIMEOUT=120, CHAT_TURN_SECONDS=60) == ["ctxsum.W005"]

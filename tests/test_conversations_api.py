@@ -35,6 +35,10 @@ STATS_KEYS = {
     "summary_count",
     "compaction_count",
     "tokens_saved",
+    "chat_turns",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
 }
 STORED_KEYS = {"seq", "token_count", "archived", "summary_version", "created_at"}
 CALL = assistant_calls("call_1", name="f", arguments='{"a":1}')
@@ -81,6 +85,10 @@ def test_create_with_everything(api, user) -> None:
         "summary_count": 0,
         "compaction_count": 0,
         "tokens_saved": 0,
+        "chat_turns": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
     }
 
     conversation = Conversation.objects.get(pk=data["id"])

@@ -449,4 +449,9 @@ def test_the_schema_describes_the_header_and_the_409_where_a_key_is_taken():
                 keyed.add(operation["operationId"])
             else:
                 assert "409" not in operation["responses"], (path, method)
-    assert keyed == {"messages_create", "conversations_compact", "summaries_rebuild"}
+    assert keyed == {
+        "messages_create",
+        "conversations_compact",
+        "summaries_rebuild",
+        "conversations_chat",
+    }

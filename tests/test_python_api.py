@@ -24,6 +24,7 @@ WRITES = {
     "message_append",
     "message_redact",
     "file_import",
+    "chat_turn",
 }
 
 

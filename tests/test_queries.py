@@ -109,8 +109,8 @@ def test_rest_transcript_page(api, conversation, django_assert_num_queries) -> N
 
 
 # Detail: the lookup, the context (2), the stats (archived totals, active summary, summary
-# count, compaction count).
-DETAIL_QUERIES = REST_LOOKUP + CONTEXT_QUERIES + 4
+# count, compaction count, chat usage).
+DETAIL_QUERIES = REST_LOOKUP + CONTEXT_QUERIES + 5
 
 
 def test_rest_detail(api, conversation, django_assert_num_queries) -> None:

@@ -121,7 +121,7 @@ def test_every_url_and_method_of_the_api_is_described(document):
         if path.startswith(reverse("ctxsum:api-root"))
     }
     expected = api_operations()
-    assert len(expected) == 13
+    assert len(expected) == 14
     assert described == expected
 
 

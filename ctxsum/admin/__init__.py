@@ -1,6 +1,6 @@
 """The admin: a review workbench for conversations and their summaries.
 
-Messages, summaries and attempts are read-only; a conversation is edited through
+Messages, summaries, attempts and chat turns are read-only; a conversation is edited through
 ``conversation_update`` and deleted through ``conversation_delete``; every action calls a
 service. Importing this package registers the model admins with the default site.
 """
@@ -9,5 +9,12 @@ from ctxsum.admin.attempts import CompactionAttemptAdmin
 from ctxsum.admin.conversations import ConversationAdmin
 from ctxsum.admin.messages import MessageAdmin
 from ctxsum.admin.summaries import SummaryAdmin
+from ctxsum.admin.turns import ChatTurnAdmin
 
-__all__ = ["CompactionAttemptAdmin", "ConversationAdmin", "MessageAdmin", "SummaryAdmin"]
+__all__ = [
+    "ChatTurnAdmin",
+    "CompactionAttemptAdmin",
+    "ConversationAdmin",
+    "MessageAdmin",
+    "SummaryAdmin",
+]

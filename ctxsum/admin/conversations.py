@@ -77,6 +77,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
                     ("message_count", "active_message_count", "next_seq"),
                     ("active_tokens", "revision"),
                     ("lease_owner", "leased_at"),
+                    ("chat_calls", "turn_owner", "turn_started_at"),
                     ("created_at", "updated_at"),
                     "id",
                 )
@@ -94,6 +95,9 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         "revision",
         "lease_owner",
         "leased_at",
+        "chat_calls",
+        "turn_owner",
+        "turn_started_at",
         "created_at",
         "updated_at",
     )

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
+from django.http import StreamingHttpResponse
 from django.http.request import RawPostDataException
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
@@ -94,7 +95,7 @@ REFUSALS: dict[Found, type[exceptions.APIException]] = {
     Found.ANSWER_LOST: IdempotencyAnswerLost,
 }
 
-Handler = Callable[..., Response]
+Handler = Callable[..., Response | StreamingHttpResponse]
 
 
 def idempotency_key(request: Request) -> str | None:
@@ -138,7 +139,9 @@ def idempotent(handler: Handler) -> Handler:
     ``@schema.operation``."""
 
     @wraps(handler)
-    def answer(view: CtxsumView, request: Request, *args: Any, **kwargs: Any) -> Response:
+    def answer(
+        view: CtxsumView, request: Request, *args: Any, **kwargs: Any
+    ) -> Response | StreamingHttpResponse:
         key = idempotency_key(request)
         if key is None:
             return handler(view, request, *args, **kwargs)
@@ -166,6 +169,8 @@ def idempotent(handler: Handler) -> Handler:
             raise
         finally:
             view.idempotency = None
+        if isinstance(response, StreamingHttpResponse):
+            return response  # the stream stores its answer, or gives the key back, itself
         if status.is_success(response.status_code):
             key_answer(found, status=response.status_code, data=response.data)
         else:

@@ -393,6 +393,73 @@ class SystemPrompt(RawSchema):
         return _or_null(ref(TextContent))
 
 
+def _function_type() -> Schema:
+    """``"function"``, the one tool type; wrapped so that drf-spectacular's enum hook leaves
+    it alone (ToolCall's own ``type`` enum already has the name it would take)."""
+    return {"allOf": [_const("function")]}
+
+
+class TurnMessage(RawSchema):
+    """A chat turn's new message: a user message or a tool result; null continues after
+    results appended through the messages endpoint."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return {"oneOf": [ref(UserMessage), ref(ToolMessage), _null()]}
+
+
+class Tools(RawSchema):
+    """The tools the model may call, as OpenAI's chat completions API takes them."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        function = _object(
+            {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                "description": _string(),
+                "parameters": {"type": "object"},
+                "strict": _or_null({"type": "boolean"}),
+            },
+            required=("name",),
+        )
+        tool = _object({"type": _function_type(), "function": function}, ("type", "function"))
+        return _or_null({"type": "array", "minItems": 1, "maxItems": 128, "items": tool})
+
+
+class ToolChoice(RawSchema):
+    """Whether and which tool the model must call."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        named = _object(
+            {
+                "type": _function_type(),
+                "function": _object(
+                    {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}, ("name",)
+                ),
+            },
+            required=("type", "function"),
+        )
+        choices = {"type": "string", "enum": ["none", "auto", "required"]}
+        return {"oneOf": [choices, named, _null()]}
+
+
+class Temperature(RawSchema):
+    """Sampling temperature, passed on to the model."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return _or_null({"type": "number", "minimum": 0, "maximum": 2})
+
+
+class MaxCompletionTokens(RawSchema):
+    """The reply's token cap, passed on to the model."""
+
+    @classmethod
+    def build(cls, ref: Ref) -> Schema:
+        return _or_null({"type": "integer", "minimum": 1, "maximum": 2**31 - 1})
+
+
 # --------------------------------------------------------------------------- policy
 
 
@@ -462,6 +529,12 @@ class ConversationStats(serializers.Serializer[Any]):
     tokens_saved = serializers.IntegerField(
         min_value=0, help_text="Tokens of the archived messages minus the active summary's."
     )
+    chat_turns = serializers.IntegerField(min_value=0, help_text="Chat turns stored.")
+    prompt_tokens = serializers.IntegerField(
+        min_value=0, help_text="Of every chat turn, as the provider reported them."
+    )
+    completion_tokens = serializers.IntegerField(min_value=0)
+    cached_tokens = serializers.IntegerField(min_value=0)
 
 
 class Covers(serializers.Serializer[Any]):
@@ -513,9 +586,21 @@ class Error(serializers.Serializer[Any]):
 
 
 class BadGateway(Error):
-    """The summarizer failed; nothing was changed."""
+    """The summarizer failed (``summarizer_error``, with its ``reason``), or for a chat turn
+    the model did (``model_error``); nothing was changed."""
 
-    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in FAILURE_REASONS])
+    reason = serializers.ChoiceField(
+        choices=[(str(r), str(r)) for r in FAILURE_REASONS], required=False
+    )
+
+
+class TooManyCalls(Error):
+    """A chat turn over a limit of model calls (``call_limit_reached``)."""
+
+    scope = serializers.ChoiceField(
+        choices=[("conversation", "conversation"), ("user_day", "user_day")],
+        help_text="Which limit: the conversation's, or the user's for the (UTC) day.",
+    )
 
 
 class FieldErrors(RawSchema):
@@ -547,13 +632,18 @@ ERRORS = {
     411: (Error, "A chunked body: send a Content-Length."),
     409: (
         Error,
-        "The Idempotency-Key names another request (`idempotency_key_reused`), one still "
-        "running (`idempotency_key_in_progress`), or one that was applied but never answered "
-        "(`idempotency_key_answer_lost`); nothing was run.",
+        "Nothing was run: the Idempotency-Key names another request "
+        "(`idempotency_key_reused`), one still running (`idempotency_key_in_progress`), or "
+        "one that was applied but never answered (`idempotency_key_answer_lost`); or another "
+        "turn of the conversation is in progress (`turn_in_progress`).",
     ),
     413: (Error, "The body, a message or a batch is over its limit."),
     415: (Error, "The body is not JSON."),
-    502: (BadGateway, "The summarizer failed; nothing was changed."),
+    429: (TooManyCalls, "A limit of model calls is reached (call_limit_reached)."),
+    502: (
+        BadGateway,
+        "The summarizer (or, for a chat turn, the model) failed; nothing was changed.",
+    ),
 }
 # Every operation can answer these.
 ALWAYS = (401, 403, 404, 406)

@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.api import schema
-from ctxsum.models import Conversation, Message, Summary
+from ctxsum.models import ChatTurn, Conversation, Message, Summary
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
 from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
 
@@ -109,6 +109,44 @@ class CompactInputSerializer(StrictSerializer):
 
 class EmptyInputSerializer(StrictSerializer):
     """A body with no fields: ``{}``, or no body at all."""
+
+
+@extend_schema_field(schema.TurnMessage)
+class TurnMessageField(serializers.JSONField):
+    """The turn's new message, checked by the service."""
+
+
+@extend_schema_field(schema.Tools)
+class ToolsField(serializers.JSONField):
+    """Checked by the service."""
+
+
+@extend_schema_field(schema.ToolChoice)
+class ToolChoiceField(serializers.JSONField):
+    """Checked by the service."""
+
+
+@extend_schema_field(schema.Temperature)
+class TemperatureField(serializers.JSONField):
+    """Checked by the service (a JSON number, not a string)."""
+
+
+@extend_schema_field(schema.MaxCompletionTokens)
+class MaxCompletionTokensField(serializers.JSONField):
+    """Checked by the service (a JSON integer, not a string)."""
+
+
+class ChatInputSerializer(StrictSerializer):
+    """A chat turn: ``message`` is required (null continues after tool results); the options
+    are passed on to the model, each checked by the service; null leaves one unset."""
+
+    message = TurnMessageField(allow_null=True)
+    stream = serializers.BooleanField(default=False)
+    model = StringField(required=False, allow_null=True)
+    tools = ToolsField(required=False, allow_null=True)
+    tool_choice = ToolChoiceField(required=False, allow_null=True)
+    temperature = TemperatureField(required=False, allow_null=True)
+    max_completion_tokens = MaxCompletionTokensField(required=False, allow_null=True)
 
 
 # --------------------------------------------------------------------------- output
@@ -265,6 +303,43 @@ class AppendOutputSerializer(serializers.Serializer[Any]):
         if data["compaction"] is None:
             del data["compaction"]
         return data
+
+
+class ChatUsageOutputSerializer(serializers.ModelSerializer[ChatTurn]):
+    """A stored turn's record: the model that answered, the attempts it took, and the usage
+    the provider reported (null where it reported none)."""
+
+    class Meta:
+        model = ChatTurn
+        fields = [
+            "model",
+            "requested_model",
+            "attempts",
+            "fallbacks",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "total_tokens",
+            "latency_ms",
+            "finish_reason",
+            "streamed",
+        ]
+        read_only_fields = fields
+
+
+class ChatOutputSerializer(serializers.Serializer[Any]):
+    """What a chat turn stored (``services.ChatResult``): the new message and the reply, the
+    turn's usage, the compaction before the call (null when none was due), and the
+    conversation's stats after it."""
+
+    messages = MessageOutputSerializer(many=True)
+    usage = ChatUsageOutputSerializer(source="turn")
+    compaction = AutoCompactionOutputSerializer(allow_null=True)
+    stats = serializers.SerializerMethodField()
+
+    @extend_schema_field(schema.ConversationStats)
+    def get_stats(self, result: Any) -> dict[str, int]:
+        return selectors.conversation_stats(conversation=result.conversation)
 
 
 class CompactionOutputSerializer(serializers.Serializer[Any]):

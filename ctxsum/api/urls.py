@@ -16,6 +16,7 @@ urlpatterns = [
     ),
     path("conversations/<str:pk>/context/", views.ContextDetail.as_view(), name="context"),
     path("conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"),
+    path("conversations/<str:pk>/chat/", views.ConversationChat.as_view(), name="chat"),
     path("conversations/<str:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
     path(
         "conversations/<str:pk>/summaries/rebuild/",

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import connections, transaction
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, StreamingHttpResponse
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
@@ -30,6 +33,8 @@ from ctxsum.api.serializers import (
     POLICY_KEYS,
     ApiRootOutputSerializer,
     AppendOutputSerializer,
+    ChatInputSerializer,
+    ChatOutputSerializer,
     CompactInputSerializer,
     CompactionOutputSerializer,
     ContextOutputSerializer,
@@ -43,12 +48,22 @@ from ctxsum.api.serializers import (
     RebuildOutputSerializer,
     SummaryOutputSerializer,
 )
+from ctxsum.completions import sse
 from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import MessagesInvalid, SummarizerError, TooLarge
+from ctxsum.exceptions import (
+    CallLimitReached,
+    ContextTooLong,
+    MessagesInvalid,
+    ModelError,
+    SummarizerError,
+    TooLarge,
+    TurnInProgress,
+)
 from ctxsum.models import Conversation, Message
 from ctxsum.policy import Reason
+from ctxsum.services.chat import ChatResult, ChatStream
 from ctxsum.services.compaction import failure_reason
-from ctxsum.services.idempotency import Claim
+from ctxsum.services.idempotency import Claim, key_answer, key_release
 
 logger = logging.getLogger("ctxsum.api")
 
@@ -87,8 +102,55 @@ class SummarizerFailed(exceptions.APIException):
         self.reason = reason
 
 
+class TurnConflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = _("Another turn of this conversation is in progress.")
+    default_code = "turn_in_progress"
+
+
+class CallLimit(exceptions.APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_detail = _("A limit of model calls is reached.")
+    default_code = "call_limit_reached"
+
+    def __init__(self, detail: str, *, scope: str) -> None:
+        super().__init__(detail)
+        self.scope = scope
+
+
+class ContextTooLongError(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = _("The context is over max_context_tokens, even after compaction.")
+    default_code = "context_too_long"
+
+
+class ModelFailed(exceptions.APIException):
+    status_code = status.HTTP_502_BAD_GATEWAY
+    default_detail = _("The model failed after its retries and fallbacks; nothing was stored.")
+    default_code = "model_error"
+
+
+def _chat_exception(exc: Exception) -> Exception:
+    """A chat turn's domain errors as the HTTP errors they mean."""
+    if isinstance(exc, TurnInProgress):
+        return TurnConflict(str(exc))
+    if isinstance(exc, CallLimitReached):
+        return CallLimit(str(exc), scope=exc.scope)
+    if isinstance(exc, ContextTooLong):
+        return ContextTooLongError(str(exc))
+    if isinstance(exc, ModelError):
+        # The provider's own words go to the log, not to the client: an operational
+        # event, not a bug, so no traceback.
+        logger.error("Chat model error: %s", exc)
+        return ModelFailed()
+    if isinstance(exc, SummarizerError):
+        return SummarizerFailed(reason=failure_reason(exc))
+    return exc
+
+
 def _api_exception(exc: Exception) -> Exception:
     """Domain errors as the HTTP errors they mean."""
+    exc = _chat_exception(exc)
     if isinstance(exc, TooLarge | RequestDataTooBig):
         return PayloadTooLarge(str(exc))
     if isinstance(exc, RecursionError):
@@ -159,6 +221,8 @@ class CtxsumView(GenericAPIView[Any]):
         if isinstance(exc, SummarizerFailed):
             # summarizer_error, or summary_truncated for an answer cut off at its limit.
             response.data["reason"] = str(exc.reason)
+        if isinstance(exc, CallLimit):
+            response.data["scope"] = exc.scope
         return response
 
     def page_response(self, rows: QuerySet[Any], output: type[Serializer[Any]]) -> Response:
@@ -458,3 +522,98 @@ class SummaryList(CtxsumView):
     def get(self, request: Request, pk: str) -> Response:
         summaries = selectors.summary_list(conversation=self.get_conversation())
         return self.page_response(summaries, SummaryOutputSerializer)
+
+
+class ConversationChat(CtxsumView):
+    serializer_class = ChatInputSerializer
+
+    @idempotent
+    @schema.operation(
+        "conversations_chat",
+        "One model turn: the new message and the model's reply, stored together",
+        ChatOutputSerializer,
+        request=ChatInputSerializer,
+        errors_too=[*schema.BODY, 409, 429, 502],
+        description="With `\"stream\": true` the answer is `text/event-stream`: every chunk "
+        "of the model's answer as `data: {chat.completion.chunk}`, then `event: ctxsum` "
+        "whose data is this operation's JSON answer, then `data: [DONE]`; a failure after "
+        "the first chunk is `event: error` with `{\"detail\", \"code\"}`, and nothing is "
+        "stored. A failure before it is an ordinary JSON error. A retry with the "
+        "Idempotency-Key of a turn that was stored answers that turn's JSON answer (the "
+        "`ctxsum` event's data, streamed or not) and calls no model.",
+    )
+    def post(self, request: Request, pk: str) -> Response | StreamingHttpResponse:
+        conversation = self.get_conversation()
+        serializer = ChatInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        fields = {k: v for k, v in serializer.validated_data.items() if v is not None}
+        stream = fields.pop("stream", False)
+        try:
+            result = services.chat_turn(
+                conversation=conversation,
+                message=fields.pop("message", None),
+                stream=stream,
+                user=request.user,
+                idempotency=self.idempotency,
+                **fields,
+            )
+            # The first event comes before the first byte: a failure to reach the model
+            # (after its retries and fallbacks) is still an ordinary JSON error.
+            first = next(result) if isinstance(result, ChatStream) else None
+        except MessagesInvalid as error:
+            raise exceptions.ValidationError({"message": error.per_message[0]}) from error
+        if isinstance(result, ChatStream):
+            return event_stream(result, first, claim=self.idempotency)
+        return Response(ChatOutputSerializer(result).data)
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # An EventSource asks for text/event-stream: answered as such when streaming, and
+        # errors as JSON, like every other error of the API.
+        if "text/event-stream" in request.META.get("HTTP_ACCEPT", ""):
+            return (JSONRenderer(), JSONRenderer.media_type)
+        return super().perform_content_negotiation(request, force)
+
+
+def event_stream(
+    stream: ChatStream, first: Any, *, claim: Claim | None = None
+) -> StreamingHttpResponse:
+    """The streamed turn as server-sent events (docs/architecture.md, "The chat turn"). The
+    stream answers for an Idempotency-Key's ``claim`` itself: it stores the turn's answer
+    once the turn is stored, and gives the key back when it ends without one."""
+    events = _events(stream, first, claim)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response
+
+
+def _events(stream: ChatStream, first: Any, claim: Claim | None) -> Iterator[bytes]:
+    answered = False
+    try:
+        for event in itertools.chain([first], stream):
+            if isinstance(event, ChatResult):
+                answer = ChatOutputSerializer(event).data
+                if claim is not None:
+                    key_answer(claim, status=status.HTTP_200_OK, data=answer)
+                answered = True
+                yield sse(JSONRenderer().render(answer).decode(), event="ctxsum")
+                yield sse("[DONE]")
+            else:
+                yield sse(event)
+    except Exception as error:
+        yield sse(_stream_error(error), event="error")
+    finally:
+        stream.close()
+        if claim is not None and not answered:
+            key_release(claim)
+
+
+def _stream_error(error: Exception) -> dict[str, str]:
+    """The body of a mid-stream ``event: error``: what the JSON error would have said."""
+    if isinstance(error, MessagesInvalid):
+        return error_body(error.per_message[0], "invalid")
+    mapped = _api_exception(error)
+    if isinstance(mapped, exceptions.APIException):
+        return error_body(mapped.detail, str(mapped.default_code))
+    logger.error("Unexpected error in a chat stream", exc_info=error)
+    return error_body(ServerError.default_detail, ServerError.default_code)

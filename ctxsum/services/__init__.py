@@ -1,6 +1,7 @@
 """Every write and every transaction of ctxsum: the Python API. Views, the admin and
 commands call these; so can your code."""
 
+from ctxsum.services.chat import chat_turn
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import (
     conversation_create,
@@ -13,6 +14,7 @@ from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.services.redaction import message_redact
 
 __all__ = [
+    "chat_turn",
     "conversation_compact",
     "conversation_create",
     "conversation_delete",

@@ -1,0 +1,353 @@
+"""The chat turn: one model call on a conversation's active context, stored with the message
+it answers.
+
+The order (docs/architecture.md, "The chat turn"):
+1. check the new message and the options: a bad one is refused before anything happens;
+2. reserve: the conversation's turn lock and one call of each limit (services/turns.py);
+3. compact, through the compaction lease, if the context with the new message reaches the
+   trigger or the ceiling; the summarizer call is never counted nor retried;
+4. refuse with ContextTooLong when the context with the new message is still over
+   MAX_CONTEXT_TOKENS;
+5. call the model with retries and fallbacks (services/model_calls.py), outside every
+   transaction, plain or streamed;
+6. store the new message and the reply in one transaction, under the row lock and the turn
+   lock, through the append machinery (validation, token counts, tool-call index), with the
+   turn's usage, releasing the turn lock in the same transaction.
+Any failure after step 2 gives the reservation back; nothing of the turn is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal, overload
+
+from django.db import transaction
+
+from ctxsum import llm
+from ctxsum.completions import (
+    NOTHING_TO_ANSWER,
+    UNANSWERED,
+    ReplyBuilder,
+    Usage,
+    options_clean,
+    turn_message_clean,
+    unanswered_calls,
+)
+from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import ContextTooLong, MessagesInvalid, ModelError, TurnInProgress
+from ctxsum.models import ChatTurn, Conversation, Message
+from ctxsum.selectors import ActiveContext, context_get, conversation_policy
+from ctxsum.services.autocompact import AutoCompaction
+from ctxsum.services.compaction import conversation_compact
+from ctxsum.services.idempotency import Claim, key_applied
+from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
+from ctxsum.services.model_calls import Attempts, call_model, model_chain, reply_clean, stream_model
+from ctxsum.services.transactions import write_db
+from ctxsum.services.turns import Reservation, TurnLost, turn_lock, turn_release, turn_reserve
+from ctxsum.signals import messages_appended
+
+CONTEXT_TOO_LONG = (
+    "The context with the new message is {tokens} tokens, over this conversation's "
+    "max_context_tokens ({limit}), even after compaction."
+)
+TURN_TAKEN_OVER = (
+    "The turn ran longer than CHAT_TURN_SECONDS and another turn took the conversation "
+    "over; nothing was stored."
+)
+# What the commit changes on the conversation row besides the append's counters.
+TURN_FIELDS = ("turn_owner", "turn_started_at")
+
+
+@dataclass(kw_only=True)
+class ChatResult:
+    """What a turn stored: the new message (when there was one) and the reply, the turn's
+    record (model, attempts, usage), and what the compaction before the call did (None when
+    none was due)."""
+
+    conversation: Conversation
+    messages: list[Message]
+    turn: ChatTurn
+    compaction: AutoCompaction | None = None
+
+
+@dataclass(kw_only=True)
+class _Turn:
+    """A reserved turn, ready for its model call."""
+
+    conversation: Conversation
+    reservation: Reservation
+    message: dict[str, Any] | None
+    request: list[dict[str, Any]]  # what the model is sent
+    options: dict[str, Any]
+    attempts: Attempts
+    user: Any
+    compaction: AutoCompaction | None
+    idempotency: Claim | None = None
+
+
+@overload
+def chat_turn(
+    *,
+    conversation: Conversation,
+    message: dict[str, Any] | None,
+    model: str | None = ...,
+    tools: list[dict[str, Any]] | None = ...,
+    tool_choice: Any = ...,
+    temperature: float | None = ...,
+    max_completion_tokens: int | None = ...,
+    stream: Literal[False] = ...,
+    user: Any = ...,
+    idempotency: Claim | None = ...,
+) -> ChatResult: ...
+
+
+@overload
+def chat_turn(
+    *,
+    conversation: Conversation,
+    message: dict[str, Any] | None,
+    model: str | None = ...,
+    tools: list[dict[str, Any]] | None = ...,
+    tool_choice: Any = ...,
+    temperature: float | None = ...,
+    max_completion_tokens: int | None = ...,
+    stream: Literal[True],
+    user: Any = ...,
+    idempotency: Claim | None = ...,
+) -> ChatStream: ...
+
+
+def chat_turn(
+    *,
+    conversation: Conversation,
+    message: dict[str, Any] | None,
+    model: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+    temperature: float | None = None,
+    max_completion_tokens: int | None = None,
+    stream: bool = False,
+    user: Any = None,
+    idempotency: Claim | None = None,
+) -> ChatResult | ChatStream:
+    """One model turn on ``conversation``: ``message`` (a user message or a tool result; None
+    continues after results appended through ``message_append``) and the model's reply.
+
+    Without ``stream``: returns the stored result. With it: returns a ChatStream, which the
+    reservation and any compaction have happened for, and whose iteration calls the model
+    (iterate it to the end, or close it). ``user`` is who asks (counted against
+    CHAT_MAX_CALLS_PER_USER_PER_DAY; the conversation's owner when None). With
+    ``idempotency`` (an Idempotency-Key's claim), the claim is marked applied in the
+    transaction that stores the turn: a retry with that key never stores it again.
+
+    Raises ValidationError / MessagesInvalid (bad options or message; nothing happened),
+    TurnInProgress, CallLimitReached, SummarizerError (the compaction failed),
+    ContextTooLong, ModelError or Conversation.DoesNotExist; after the reservation, every one
+    of them gives it back and stores nothing.
+    """
+    options = options_clean(
+        model=model,
+        tools=tools,
+        tool_choice=tool_choice,
+        temperature=temperature,
+        max_completion_tokens=max_completion_tokens,
+    )
+    cleaned = _message_check(conversation, message)
+    db = write_db(conversation)
+    owner = user if user is not None else _Owner(conversation.owner_id)
+    reservation = turn_reserve(conversation, user=owner, db=db)
+    try:
+        turn = _prepare(conversation, reservation, cleaned, options, user)
+        turn.idempotency = idempotency
+    except BaseException:
+        turn_release(reservation)
+        raise
+    if stream:
+        return ChatStream(turn)
+    return _complete(turn)
+
+
+@dataclass(frozen=True)
+class _Owner:
+    """The conversation's owner, by pk only: what the daily count needs, without a query."""
+
+    pk: Any
+
+
+def _message_check(conversation: Conversation, message: Any) -> dict[str, Any] | None:
+    """The turn's message, checked alone and against the stored context: a tool result must
+    answer a pending call, and no call of the newest tool round may stay unanswered."""
+    cleaned = None
+    if message is not None:
+        cleaned = turn_message_clean(message, max_bytes=ctxsum_settings.MAX_MESSAGE_BYTES)
+        if cleaned["role"] == "tool":
+            tool_results_check(conversation, [cleaned])
+    context = context_get(conversation=conversation).messages
+    if cleaned is None and not context:
+        raise MessagesInvalid([{"non_field_errors": [str(NOTHING_TO_ANSWER)]}])
+    pending = unanswered_calls([*context, *([cleaned] if cleaned else [])])
+    if pending:
+        field = "tool_call_id" if cleaned and cleaned["role"] == "tool" else "non_field_errors"
+        ids = ", ".join(pending)
+        raise MessagesInvalid([{field: [str(UNANSWERED.format(ids=ids))]}])
+    return cleaned
+
+
+def _prepare(
+    conversation: Conversation,
+    reservation: Reservation,
+    cleaned: dict[str, Any] | None,
+    options: dict[str, Any],
+    user: Any,
+) -> _Turn:
+    """Compact if due, check the ceiling, and build the request."""
+    new = [cleaned] if cleaned is not None else []
+    new_tokens = sum(messages_count(conversation, new))
+    context, compaction = _compact_if_due(conversation, len(new), new_tokens)
+    ceiling = context.max_context_tokens
+    if ceiling is not None and context.token_count + new_tokens > ceiling:
+        size = context.token_count + new_tokens
+        raise ContextTooLong(CONTEXT_TOO_LONG.format(tokens=size, limit=ceiling))
+    primary = options.pop("model", None) or conversation.model or ctxsum_settings.DEFAULT_MODEL
+    return _Turn(
+        conversation=conversation,
+        reservation=reservation,
+        message=cleaned,
+        request=[*context.messages, *new],
+        options=options,
+        attempts=Attempts(models=model_chain(primary)),
+        user=user,
+        compaction=compaction,
+    )
+
+
+def _compact_if_due(
+    conversation: Conversation, new_count: int, new_tokens: int
+) -> tuple[ActiveContext, AutoCompaction | None]:
+    """The context to send: compacted first when, with the new message, it reaches the
+    trigger or exceeds the ceiling. Raises SummarizerError (one attempt, never retried)."""
+    context = context_get(conversation=conversation)
+    policy = conversation_policy(conversation)
+    if not policy.over(len(context.messages) + new_count, context.token_count + new_tokens):
+        return context, None
+    # Forced: the stored context alone may be below the trigger; the new message is not.
+    result = conversation_compact(conversation=conversation, force=True)
+    return result.context, AutoCompaction(
+        compacted=result.compacted,
+        reason=result.reason,
+        summary_version=result.summary.version if result.summary else None,
+        over_trigger=result.over_trigger,
+    )
+
+
+def _complete(turn: _Turn) -> ChatResult:
+    """The plain (not streamed) call, then the commit; the reservation is given back when
+    either fails."""
+    try:
+        completion, reply = call_model(turn.attempts, turn.request, turn.options)
+        return _commit(
+            turn,
+            reply,
+            usage=completion.usage,
+            finish_reason=completion.finish_reason,
+            streamed=False,
+        )
+    except BaseException:
+        turn_release(turn.reservation)
+        raise
+
+
+class ChatStream:
+    """A streamed turn: iterating it calls the model and yields each chunk of its answer (an
+    OpenAI ``chat.completion.chunk`` as a dict, the usage chunk included), then, once the
+    reply is stored, the ChatResult. A failure raises from the iteration; nothing is stored
+    then and the reservation is given back, as it is when the stream is closed early."""
+
+    def __init__(self, turn: _Turn) -> None:
+        self.turn = turn
+        self.result: ChatResult | None = None
+        self._started = False
+        self._events = self._run()
+
+    def __iter__(self) -> Iterator[dict[str, Any] | ChatResult]:
+        return self
+
+    def __next__(self) -> dict[str, Any] | ChatResult:
+        self._started = True
+        return next(self._events)
+
+    def close(self) -> None:
+        """Stop: a turn not stored yet gives its reservation back."""
+        if not self._started:
+            turn_release(self.turn.reservation)
+        self._events.close()
+
+    def _run(self) -> Generator[dict[str, Any] | ChatResult, None, None]:
+        turn, builder = self.turn, ReplyBuilder()
+        try:
+            for chunk in stream_model(turn.attempts, turn.request, turn.options):
+                builder.add(chunk)
+                yield chunk
+            if builder.finish_reason is None:
+                raise ModelError(llm.STREAM_UNFINISHED, transient=True)
+            reply = reply_clean(builder.message())
+            self.result = _commit(
+                turn,
+                reply,
+                usage=builder.usage,
+                finish_reason=builder.finish_reason,
+                streamed=True,
+            )
+        except BaseException:
+            # A model error, a refused commit, or the client gone (GeneratorExit).
+            turn_release(turn.reservation)
+            raise
+        yield self.result
+
+
+def _commit(
+    turn: _Turn, reply: dict[str, Any], *, usage: Usage, finish_reason: str, streamed: bool
+) -> ChatResult:
+    """Store the new message and the reply, adjacent, with the turn's record, and release
+    the turn lock: one transaction under the row lock, filtered on the turn lock."""
+    conversation, attempts = turn.conversation, turn.attempts
+    rows = [turn.message, reply] if turn.message is not None else [reply]
+    counts = messages_count(conversation, rows)
+    db = turn.reservation.db
+    with transaction.atomic(using=db):
+        try:
+            locked = turn_lock(turn.reservation)
+        except TurnLost as lost:
+            raise TurnInProgress(TURN_TAKEN_OVER) from lost
+        key_applied(turn.idempotency)
+        stored = messages_insert(locked, rows, counts)
+        record = ChatTurn.objects.using(db).create(
+            conversation=locked,
+            user_id=turn.user.pk if turn.user is not None else conversation.owner_id,
+            message=stored[0] if turn.message is not None else None,
+            reply=stored[-1],
+            requested_model=attempts.models[0],
+            model=attempts.model,
+            attempts=attempts.count,
+            fallbacks=attempts.index,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            total_tokens=usage.total_tokens,
+            latency_ms=attempts.latency_ms,
+            streamed=streamed,
+            finish_reason=finish_reason[:32],
+        )
+        locked.turn_owner, locked.turn_started_at = "", None
+        locked.save(update_fields=TURN_FIELDS)
+        send = partial(
+            messages_appended.send, sender=Conversation, conversation=locked, messages=stored
+        )
+        transaction.on_commit(send, using=db)
+    conversation.update_from(locked)
+    return ChatResult(
+        conversation=conversation, messages=stored, turn=record, compaction=turn.compaction
+    )
+

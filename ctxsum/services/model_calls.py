@@ -1,0 +1,120 @@
+"""The chat model call of a turn, with retries and fallbacks: the primary model first, each
+transient error (429, 408, 409, 5xx, timeout, connection) retried CHAT_RETRIES times with a
+doubling backoff, then the next model of CHAT_FALLBACK_MODELS, and so on. Any other error
+moves on to the next model at once (another model may take what this one refused). The
+summarizer never comes through here: it makes one attempt (services/summaries.py).
+
+A stream is retried only while none of its chunks has been passed on: once the client has
+seen part of a reply, another model's reply cannot follow it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxsum import llm
+from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import MessagesInvalid, ModelError, TooLarge
+from ctxsum.validation import clean_message
+
+logger = logging.getLogger("ctxsum.chat")
+
+EXHAUSTED = "The model failed after {attempts} attempt(s) with {models}: {error}"
+BAD_REPLY = "The model's reply is not a valid message: {errors}"
+
+
+@dataclass
+class Attempts:
+    """The models a turn may try, and how far it got: what the turn records."""
+
+    models: list[str]
+    index: int = 0
+    retry: int = 0
+    count: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def model(self) -> str:
+        return self.models[self.index]
+
+    @property
+    def latency_ms(self) -> int:
+        return int((time.monotonic() - self.started) * 1000)
+
+    def failed(self, error: ModelError) -> bool:
+        """After a failed attempt: whether to try again (the same model after its backoff,
+        or the next one); False when every model is spent."""
+        logger.warning("Chat model %s failed (attempt %d): %s", self.model, self.count, error)
+        if error.transient and self.retry < ctxsum_settings.CHAT_RETRIES:
+            self.retry += 1
+            time.sleep(ctxsum_settings.CHAT_RETRY_BACKOFF * 2 ** (self.retry - 1))
+            return True
+        if self.index + 1 < len(self.models):
+            self.index, self.retry = self.index + 1, 0
+            return True
+        return False
+
+    def exhausted(self, error: ModelError) -> ModelError:
+        """The error a turn fails with once every model is spent."""
+        message = EXHAUSTED.format(attempts=self.count, models=", ".join(self.models), error=error)
+        return ModelError(message, transient=error.transient, status=error.status, cause=error)
+
+
+def model_chain(primary: str) -> list[str]:
+    """The primary model, then each fallback model once."""
+    models = [primary]
+    for model in ctxsum_settings.CHAT_FALLBACK_MODELS or ():
+        if model not in models:
+            models.append(model)
+    return models
+
+
+def reply_clean(message: dict[str, Any]) -> dict[str, Any]:
+    """The model's reply, checked as any appended message is; a ModelError when it is not a
+    message the conversation could store (it could not be sent back either)."""
+    try:
+        return clean_message(message, max_bytes=ctxsum_settings.MAX_MESSAGE_BYTES)
+    except MessagesInvalid as invalid:
+        raise ModelError(BAD_REPLY.format(errors=invalid.per_message[0])) from invalid
+    except TooLarge as error:
+        raise ModelError(BAD_REPLY.format(errors=error)) from error
+
+
+def call_model(
+    attempts: Attempts, messages: list[dict[str, Any]], options: dict[str, Any]
+) -> tuple[llm.Completion, dict[str, Any]]:
+    """The first answer any model of ``attempts`` gives, with its reply checked; raises
+    ModelError when every attempt failed."""
+    while True:
+        attempts.count += 1
+        try:
+            completion = llm.complete(model=attempts.model, messages=messages, options=options)
+            return completion, reply_clean(completion.message)
+        except ModelError as error:
+            if not attempts.failed(error):
+                raise attempts.exhausted(error) from error
+
+
+def stream_model(
+    attempts: Attempts, messages: list[dict[str, Any]], options: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """The chunks of the first stream any model of ``attempts`` opens; retried like
+    ``call_model`` until a chunk has been passed on, a ModelError as is after that."""
+    while True:
+        attempts.count += 1
+        passed_on = False
+        try:
+            for chunk in llm.stream(model=attempts.model, messages=messages, options=options):
+                passed_on = True
+                yield chunk
+            return
+        except ModelError as error:
+            if passed_on:
+                logger.warning("Chat model %s broke off its stream: %s", attempts.model, error)
+                raise
+            if not attempts.failed(error):
+                raise attempts.exhausted(error) from error

@@ -1,0 +1,127 @@
+"""A chat turn's reservation: the conversation's turn lock and a model call counted
+against the limits, taken together before anything else of the turn happens.
+
+Taken with conditional UPDATEs, so the row counts say who won: one on the conversation
+(its turn lock is free or abandoned, and its calls are under
+CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row of the day (under
+CHAT_MAX_CALLS_PER_USER_PER_DAY), in one short transaction: two turns racing for the last
+call cannot both win, and a refusal of the second undoes the first. The reservation is
+given back (lock released, both counts decremented) when the turn fails, and the lock alone
+is released by the commit that stores the turn. A worker that dies mid-turn leaves its lock
+behind; after CHAT_TURN_SECONDS the next turn takes it over. Its call stays counted: the
+provider may well have billed it. Queryset updates leave ``updated_at`` alone: a
+reservation is bookkeeping, not a change of the conversation.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import date, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import CallLimitReached, TurnInProgress
+from ctxsum.models import ChatCallDay, Conversation
+
+CONVERSATION_LIMIT = _("This conversation has made its {limit} model calls.")
+USER_DAY_LIMIT = _("You have made your {limit} model calls for today (UTC).")
+IN_PROGRESS = _("Another turn of this conversation is in progress; try again when it is done.")
+
+
+class TurnLost(Exception):
+    """The turn lock was taken over (the turn was older than CHAT_TURN_SECONDS): what this
+    turn got must not be stored."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reservation:
+    """A turn's hold on its conversation and on one call of each limit."""
+
+    conversation_pk: Any
+    token: str
+    user_pk: Any  # the user whose day counts the call; None without a per-user limit
+    day: date
+    db: str
+
+
+def turn_reserve(conversation: Conversation, *, user: Any, db: str) -> Reservation:
+    """Take the conversation's turn lock and one call of each limit. Raises TurnInProgress,
+    CallLimitReached (nothing taken then) or Conversation.DoesNotExist."""
+    token, now = uuid.uuid4().hex, timezone.now()
+    stale = now - timedelta(seconds=ctxsum_settings.CHAT_TURN_SECONDS)
+    free = Q(turn_owner="") | Q(turn_started_at__lte=stale)
+    limit = ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    with transaction.atomic(using=db):
+        rows = Conversation.objects.using(db).filter(pk=conversation.pk)
+        claim = rows.filter(free)
+        if limit is not None:
+            claim = claim.filter(chat_calls__lt=limit)
+        if not claim.update(turn_owner=token, turn_started_at=now, chat_calls=F("chat_calls") + 1):
+            _refuse(rows)
+        user_pk = _day_reserve(user, now.date(), db=db)
+    return Reservation(
+        conversation_pk=conversation.pk, token=token, user_pk=user_pk, day=now.date(), db=db
+    )
+
+
+def _refuse(rows: Any) -> None:
+    """Why the claim matched no row: gone, the limit, or another turn's lock. Read after
+    the claim: a lock released meanwhile was still held when the claim ran, while a call
+    count never goes down but by a failed turn's release."""
+    if not rows.exists():
+        raise Conversation.DoesNotExist
+    limit = ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    if limit is not None and not rows.filter(chat_calls__lt=limit).exists():
+        raise CallLimitReached(CONVERSATION_LIMIT.format(limit=limit), scope="conversation")
+    raise TurnInProgress(IN_PROGRESS)
+
+
+def _day_reserve(user: Any, day: date, *, db: str) -> Any:
+    """Count one call on ``user``'s row of ``day``; its pk, or None without a limit (or
+    without a user). Raises CallLimitReached when the day's calls are used up."""
+    limit = ctxsum_settings.CHAT_MAX_CALLS_PER_USER_PER_DAY
+    if limit is None or user is None:
+        return None
+    # A first call of the day creates the row; racing creators meet on the unique
+    # constraint and get_or_create reads the winner's row.
+    ChatCallDay.objects.using(db).get_or_create(user_id=user.pk, day=day)
+    rows = ChatCallDay.objects.using(db).filter(user_id=user.pk, day=day, calls__lt=limit)
+    if not rows.update(calls=F("calls") + 1):
+        raise CallLimitReached(USER_DAY_LIMIT.format(limit=limit), scope="user_day")
+    return user.pk
+
+
+def turn_release(reservation: Reservation) -> None:
+    """Give the reservation back after a failed turn: the lock, and its call on each
+    count, if the turn still holds the lock (a turn taken over keeps its call counted)."""
+    db = reservation.db
+    with transaction.atomic(using=db):
+        rows = Conversation.objects.using(db).filter(
+            pk=reservation.conversation_pk, turn_owner=reservation.token
+        )
+        released = rows.update(
+            turn_owner="", turn_started_at=None, chat_calls=F("chat_calls") - 1
+        )
+        if released and reservation.user_pk is not None:
+            ChatCallDay.objects.using(db).filter(
+                user_id=reservation.user_pk, day=reservation.day, calls__gt=0
+            ).update(calls=F("calls") - 1)
+
+
+def turn_lock(reservation: Reservation) -> Conversation:
+    """The conversation row, locked for the commit, while the turn still holds its lock.
+    Raises TurnLost when another turn took it over, Conversation.DoesNotExist when the
+    conversation is gone. Call inside a transaction."""
+    rows = Conversation.objects.using(reservation.db).filter(pk=reservation.conversation_pk)
+    locked = rows.select_for_update().filter(turn_owner=reservation.token).first()
+    if locked is None:
+        if not rows.exists():
+            raise Conversation.DoesNotExist
+        raise TurnLost
+    return locked
