@@ -54,10 +54,11 @@ check: venv
 docs: venv
 	DATABASE_URL=sqlite://:memory: $(BIN)/python manage.py ctxsum_api_docs
 
-# The README's pictures of the admin, taken by the headless-browser test (Debian's chromium
-# and chromium-driver); the test suite itself writes them to a temporary folder.
+# The README's pictures of the admin and the chat page, taken by the headless-browser tests
+# (Debian's chromium and chromium-driver); the test suite itself writes them to a temporary
+# folder.
 screenshots: venv
-	SCREENSHOTS_DIR=docs/images $(BIN)/pytest tests/test_admin_browser.py
+	SCREENSHOTS_DIR=docs/images $(BIN)/pytest tests/test_admin_browser.py tests/test_chat_page.py
 
 bench: venv
 	$(BIN)/python -m bench.replay

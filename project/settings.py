@@ -147,3 +147,13 @@ CTXSUM = {
     "SUMMARY_TIMEOUT": env("CTXSUM_SUMMARY_TIMEOUT"),
     "LEASE_SECONDS": env("CTXSUM_LEASE_SECONDS"),
 }
+# With no OpenAI-compatible server, the chat turn talks to the project's own stand-in
+# (project/offline_model.py) at this address: the chat page works right after `make run`.
+OFFLINE_CHAT_MODEL = not _has_openai
+if OFFLINE_CHAT_MODEL:
+    CTXSUM["CHAT_OPTIONS"] = {
+        "base_url": env(
+            "CTXSUM_OFFLINE_MODEL_URL", default="http://127.0.0.1:8000/offline-model/v1"
+        ),
+        "api_key": "offline",
+    }

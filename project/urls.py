@@ -1,9 +1,10 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from project import views
+from project import offline_model, views
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
@@ -14,6 +15,10 @@ urlpatterns = [
     path("api/", include("ctxsum.api.urls")),
     path("api-auth/", include("rest_framework.urls")),
 ]
+if settings.OFFLINE_CHAT_MODEL:
+    urlpatterns.append(
+        path("offline-model/v1/chat/completions", offline_model.chat_completions),
+    )
 
 # JSON for what no view answers under the API's prefix (an unknown URL, a failure outside
 # a view); Django's own pages elsewhere.
