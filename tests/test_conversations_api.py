@@ -504,17 +504,17 @@ def test_encoding_setting_applies_to_stored_counts(api) -> None:
 def test_conversation_deleted_between_lookup_and_write_is_404(
     api, user, monkeypatch, method, url, body
 ) -> None:
-    from ctxsum.api import views
+    from ctxsum.api.base import CtxsumView
 
     conversation = conversation_create(owner=user, system="Sys.")
-    lookup = views.CtxsumView.get_conversation
+    lookup = CtxsumView.get_conversation
 
     def lookup_then_lose_the_race(self):
         found = lookup(self)
         Conversation.objects.filter(pk=found.pk).delete()  # another request's DELETE
         return found
 
-    monkeypatch.setattr(views.CtxsumView, "get_conversation", lookup_then_lose_the_race)
+    monkeypatch.setattr(CtxsumView, "get_conversation", lookup_then_lose_the_race)
     response = getattr(api, method)(api_url(url, conversation), body, format="json")
     assert response.status_code == 404
     # the same answer as for any missing conversation

@@ -134,7 +134,7 @@ def test_every_view_requires_a_user_whatever_the_project_defaults() -> None:
     from rest_framework.permissions import IsAuthenticated
 
     from ctxsum.api.urls import urlpatterns
-    from ctxsum.api.views import CtxsumView
+    from ctxsum.api.base import CtxsumView
 
     assert vars(CtxsumView)["permission_classes"] == [IsAuthenticated]
     for pattern in urlpatterns:

@@ -40,7 +40,7 @@ from ctxsum.services.idempotency import (
 )
 
 if TYPE_CHECKING:
-    from ctxsum.api.views import CtxsumView
+    from ctxsum.api.base import CtxsumView
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"

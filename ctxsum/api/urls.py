@@ -1,6 +1,6 @@
 from django.urls import path
 
-from ctxsum.api import views
+from ctxsum.api import chat, views
 
 app_name = "ctxsum"
 
@@ -16,7 +16,7 @@ urlpatterns = [
     ),
     path("conversations/<str:pk>/context/", views.ContextDetail.as_view(), name="context"),
     path("conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"),
-    path("conversations/<str:pk>/chat/", views.ConversationChat.as_view(), name="chat"),
+    path("conversations/<str:pk>/chat/", chat.ConversationChat.as_view(), name="chat"),
     path("conversations/<str:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
     path(
         "conversations/<str:pk>/summaries/rebuild/",

@@ -1,0 +1,160 @@
+"""The base of ctxsum's views: owner-scoped lookups, JSON bodies within their limits,
+services' own transactions, and every error as JSON with its code."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import connections, transaction
+from django.db.models import QuerySet
+from django.http import Http404
+from django.utils.translation import gettext_lazy as _
+from rest_framework import exceptions
+from rest_framework.generics import GenericAPIView
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import Serializer
+
+from ctxsum import selectors
+from ctxsum.api.errors import ServerError, error_body
+from ctxsum.api.exceptions import (
+    CONVERSATION_NOT_FOUND,
+    CallLimit,
+    LengthRequired,
+    PayloadTooLarge,
+    SummarizerFailed,
+    api_exception,
+)
+from ctxsum.api.idempotency import keep_raw_body
+from ctxsum.api.pagination import Pagination
+from ctxsum.api.serializers import (
+    EmptyInputSerializer,
+)
+from ctxsum.conf import ctxsum_settings
+from ctxsum.models import Conversation
+from ctxsum.services.idempotency import Claim
+
+logger = logging.getLogger("ctxsum.api")
+
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# A seq in a path: what a PositiveIntegerField holds on every database, in decimal.
+CANONICAL_SEQ = re.compile(r"0|[1-9][0-9]{0,9}")
+MAX_SEQ = 2**31 - 1
+MESSAGE_NOT_FOUND = _("No such message in this conversation.")
+BODY_TOO_LARGE = _("The request body is {size} bytes; the limit is {limit} bytes.")
+
+
+class CtxsumView(GenericAPIView[Any]):
+    """Shared behaviour: owner-scoped lookups, body limits, domain errors as HTTP errors."""
+
+    pagination_class = Pagination
+    # Every endpoint needs a user, whatever the project's DRF defaults say.
+    permission_classes = [IsAuthenticated]
+    # Bodies are JSON, whatever the project's defaults say: a form or multipart body is a 415
+    # (its uploaded files were values no message or field can hold).
+    parser_classes = [JSONParser]
+    # The Idempotency-Key this request holds, while an ``@idempotent`` method runs.
+    idempotency: Claim | None = None
+    _conversation: Conversation | None = None
+
+    @classmethod
+    def as_view(cls, **initkwargs: Any) -> Any:
+        # Services own their transactions: compaction must call the LLM outside of one and
+        # an auto compaction must follow a committed append, so ATOMIC_REQUESTS is opted out,
+        # on every database.
+        view = super().as_view(**initkwargs)
+        for alias in connections:
+            view = transaction.non_atomic_requests(using=alias)(view)
+        return view
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        keep_raw_body(request)
+        super().initial(request, *args, **kwargs)
+        # Under WSGI a chunked body has no CONTENT_LENGTH, and Django reads it as empty:
+        # refused, never taken for an empty request.
+        if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+            raise LengthRequired
+        limit = ctxsum_settings.MAX_BODY_BYTES
+        size = int(request.META.get("CONTENT_LENGTH") or 0)
+        if size > limit:
+            raise PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
+
+    def handle_exception(self, exc: Exception) -> Response:
+        exc = api_exception(exc)
+        if not isinstance(exc, exceptions.APIException | Http404 | PermissionDenied):
+            logger.error(
+                "Unexpected error answering %s %s",
+                self.request.method,
+                self.request.path,
+                exc_info=exc,
+            )
+            exc = ServerError()
+        response = super().handle_exception(exc)
+        if isinstance(exc, exceptions.ValidationError) or not isinstance(response.data, dict):
+            return response
+        # Every other error: its detail and a stable code.
+        detail = response.data.get("detail", "")
+        code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
+        response.data = {**response.data, **error_body(detail, str(code))}
+        if isinstance(exc, SummarizerFailed):
+            # summarizer_error, or summary_truncated for an answer cut off at its limit.
+            response.data["reason"] = str(exc.reason)
+        if isinstance(exc, CallLimit):
+            response.data["scope"] = exc.scope
+        return response
+
+    def page_response(self, rows: QuerySet[Any], output: type[Serializer[Any]]) -> Response:
+        """The requested page of ``rows``, each shaped by ``output``."""
+        return self.get_paginated_response(output(self.paginate_queryset(rows), many=True).data)
+
+    def get_queryset(self) -> QuerySet[Conversation]:
+        """The conversations the request's user owns: all an endpoint can reach."""
+        return selectors.conversation_list(owner=self.request.user)
+
+    def get_conversation(self) -> Conversation:
+        """The conversation the path names, looked up once per request."""
+        if self._conversation is None:
+            self._conversation = self._conversation_lookup()
+        return self._conversation
+
+    def _conversation_lookup(self) -> Conversation:
+        # Someone else's conversation, a missing one and a malformed id answer alike; an id
+        # is its canonical form only (not urn:uuid:…, braces or capitals), one name per
+        # conversation.
+        pk = self.kwargs["pk"]
+        try:
+            if not CANONICAL_UUID.fullmatch(pk):
+                raise ValueError(pk)
+            return self.get_queryset().get(pk=pk)
+        except (Conversation.DoesNotExist, DjangoValidationError, ValueError) as error:
+            raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
+
+
+def _seq(value: str) -> int:
+    """A seq from the path; anything that no message can have is a 404, like a missing one."""
+    if not CANONICAL_SEQ.fullmatch(value) or int(value) > MAX_SEQ:
+        raise exceptions.NotFound(MESSAGE_NOT_FOUND)
+    return int(value)
+
+
+def _no_fields(request: Request) -> None:
+    """Refuse a body that holds anything: these operations take no input."""
+    EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
+
+
+def seq_from_path(value: str) -> int:
+    """A seq from the path; anything that no message can have is a 404, like a missing one."""
+    if not CANONICAL_SEQ.fullmatch(value) or int(value) > MAX_SEQ:
+        raise exceptions.NotFound(MESSAGE_NOT_FOUND)
+    return int(value)
+
+
+def no_fields(request: Request) -> None:
+    """Refuse a body that holds anything: these operations take no input."""
+    EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)

@@ -1,0 +1,129 @@
+"""The chat turn over REST: one call of ``services.chat_turn``, answered as JSON or as
+server-sent events (docs/architecture.md, "The chat turn")."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import StreamingHttpResponse
+from rest_framework import exceptions, status
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from ctxsum import services
+from ctxsum.api import schema
+from ctxsum.api.base import CtxsumView
+from ctxsum.api.errors import ServerError, error_body
+from ctxsum.api.exceptions import api_exception
+from ctxsum.api.idempotency import idempotent
+from ctxsum.api.serializers import (
+    ChatInputSerializer,
+    ChatOutputSerializer,
+)
+from ctxsum.completions import sse
+from ctxsum.exceptions import (
+    MessagesInvalid,
+)
+from ctxsum.services.chat import ChatResult, ChatStream
+from ctxsum.services.idempotency import Claim, key_answer, key_release
+
+logger = logging.getLogger("ctxsum.api")
+
+
+class ConversationChat(CtxsumView):
+    serializer_class = ChatInputSerializer
+
+    @idempotent
+    @schema.operation(
+        "conversations_chat",
+        "One model turn: the new message and the model's reply, stored together",
+        ChatOutputSerializer,
+        request=ChatInputSerializer,
+        errors_too=[*schema.BODY, 409, 429, 502],
+        description='With `"stream": true` the answer is `text/event-stream`: every chunk '
+        "of the model's answer as `data: {chat.completion.chunk}`, then `event: ctxsum` "
+        "whose data is this operation's JSON answer, then `data: [DONE]`; a failure after "
+        'the first chunk is `event: error` with `{"detail", "code"}`, and nothing is '
+        "stored. A failure before it is an ordinary JSON error. A retry with the "
+        "Idempotency-Key of a turn that was stored answers that turn's JSON answer (the "
+        "`ctxsum` event's data, streamed or not) and calls no model.",
+    )
+    def post(self, request: Request, pk: str) -> Response | StreamingHttpResponse:
+        conversation = self.get_conversation()
+        serializer = ChatInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        fields = {k: v for k, v in serializer.validated_data.items() if v is not None}
+        stream = fields.pop("stream", False)
+        try:
+            result = services.chat_turn(
+                conversation=conversation,
+                message=fields.pop("message", None),
+                stream=stream,
+                user=request.user,
+                idempotency=self.idempotency,
+                **fields,
+            )
+            # The first event comes before the first byte: a failure to reach the model
+            # (after its retries and fallbacks) is still an ordinary JSON error.
+            first = next(result) if isinstance(result, ChatStream) else None
+        except MessagesInvalid as error:
+            raise exceptions.ValidationError({"message": error.per_message[0]}) from error
+        if isinstance(result, ChatStream):
+            return event_stream(result, first, claim=self.idempotency)
+        return Response(ChatOutputSerializer(result).data)
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # An EventSource asks for text/event-stream: answered as such when streaming, and
+        # errors as JSON, like every other error of the API.
+        if "text/event-stream" in request.META.get("HTTP_ACCEPT", ""):
+            return (JSONRenderer(), JSONRenderer.media_type)
+        return super().perform_content_negotiation(request, force)
+
+
+def event_stream(
+    stream: ChatStream, first: Any, *, claim: Claim | None = None
+) -> StreamingHttpResponse:
+    """The streamed turn as server-sent events (docs/architecture.md, "The chat turn"). The
+    stream answers for an Idempotency-Key's ``claim`` itself: it stores the turn's answer
+    once the turn is stored, and gives the key back when it ends without one."""
+    events = _events(stream, first, claim)
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response
+
+
+def _events(stream: ChatStream, first: Any, claim: Claim | None) -> Iterator[bytes]:
+    answered = False
+    try:
+        for event in itertools.chain([first], stream):
+            if isinstance(event, ChatResult):
+                answer = ChatOutputSerializer(event).data
+                if claim is not None:
+                    key_answer(claim, status=status.HTTP_200_OK, data=answer)
+                answered = True
+                yield sse(JSONRenderer().render(answer).decode(), event="ctxsum")
+                yield sse("[DONE]")
+            else:
+                yield sse(event)
+    except Exception as error:
+        yield sse(_stream_error(error), event="error")
+    finally:
+        stream.close()
+        if claim is not None and not answered:
+            key_release(claim)
+
+
+def _stream_error(error: Exception) -> dict[str, str]:
+    """The body of a mid-stream ``event: error``: what the JSON error would have said."""
+    if isinstance(error, MessagesInvalid):
+        return error_body(error.per_message[0], "invalid")
+    mapped = api_exception(error)
+    if isinstance(mapped, exceptions.APIException):
+        return error_body(mapped.detail, str(mapped.default_code))
+    logger.error("Unexpected error in a chat stream", exc_info=error)
+    return error_body(ServerError.default_detail, ServerError.default_code)

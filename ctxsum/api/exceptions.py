@@ -1,0 +1,117 @@
+"""The API's errors: each domain error of ctxsum as the HTTP error it means, with a stable
+``code`` (docs/api.md lists them)."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.utils.translation import gettext_lazy as _
+from rest_framework import exceptions, status
+
+from ctxsum.exceptions import (
+    CallLimitReached,
+    ContextTooLong,
+    ModelError,
+    SummarizerError,
+    TooLarge,
+    TurnInProgress,
+)
+from ctxsum.models import Conversation
+from ctxsum.policy import Reason
+from ctxsum.services.compaction import failure_reason
+
+logger = logging.getLogger("ctxsum.api")
+
+CONVERSATION_NOT_FOUND = _("No such conversation.")
+SUMMARY_CUT_OFF = _(
+    "The summary was cut off at SUMMARY_MAX_TOKENS, so it was not stored; nothing was changed."
+)
+TOO_DEEP = _("The JSON is nested too deeply.")
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = _("The request is too large.")
+    default_code = "too_large"
+
+
+class LengthRequired(exceptions.APIException):
+    status_code = status.HTTP_411_LENGTH_REQUIRED
+    default_detail = _("Send the request body with a Content-Length, not chunked.")
+    default_code = "length_required"
+
+
+class SummarizerFailed(exceptions.APIException):
+    status_code = status.HTTP_502_BAD_GATEWAY
+    default_detail = _("The summarizer failed; nothing was changed.")
+    default_code = "summarizer_error"
+
+    def __init__(self, *, reason: Reason) -> None:
+        super().__init__(SUMMARY_CUT_OFF if reason == Reason.SUMMARY_TRUNCATED else None)
+        self.reason = reason
+
+
+class TurnConflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = _("Another turn of this conversation is in progress.")
+    default_code = "turn_in_progress"
+
+
+class CallLimit(exceptions.APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_detail = _("A limit of model calls is reached.")
+    default_code = "call_limit_reached"
+
+    def __init__(self, detail: str, *, scope: str) -> None:
+        super().__init__(detail)
+        self.scope = scope
+
+
+class ContextTooLongError(exceptions.APIException):
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = _("The context is over max_context_tokens, even after compaction.")
+    default_code = "context_too_long"
+
+
+class ModelFailed(exceptions.APIException):
+    status_code = status.HTTP_502_BAD_GATEWAY
+    default_detail = _("The model failed after its retries and fallbacks; nothing was stored.")
+    default_code = "model_error"
+
+
+def _chat_exception(exc: Exception) -> Exception:
+    """A chat turn's domain errors as the HTTP errors they mean."""
+    if isinstance(exc, TurnInProgress):
+        return TurnConflict(str(exc))
+    if isinstance(exc, CallLimitReached):
+        return CallLimit(str(exc), scope=exc.scope)
+    if isinstance(exc, ContextTooLong):
+        return ContextTooLongError(str(exc))
+    if isinstance(exc, ModelError):
+        # The provider's own words go to the log, not to the client: an operational
+        # event, not a bug, so no traceback.
+        logger.error("Chat model error: %s", exc)
+        return ModelFailed()
+    if isinstance(exc, SummarizerError):
+        return SummarizerFailed(reason=failure_reason(exc))
+    return exc
+
+
+def api_exception(exc: Exception) -> Exception:
+    """Domain errors as the HTTP errors they mean."""
+    exc = _chat_exception(exc)
+    if isinstance(exc, TooLarge | RequestDataTooBig):
+        return PayloadTooLarge(str(exc))
+    if isinstance(exc, RecursionError):
+        # JSON nested deeper than Python's parser or encoder can follow: bad input.
+        return exceptions.ParseError(TOO_DEEP)
+    if isinstance(exc, Conversation.DoesNotExist):
+        # Deleted by another request between the lookup and the service's locked re-read.
+        return exceptions.NotFound(CONVERSATION_NOT_FOUND)
+    if isinstance(exc, DjangoValidationError):
+        return exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        )
+    return exc
