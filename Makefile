@@ -1,6 +1,7 @@
-# Development tasks of ctxsum and its example project. `make run` serves the demo,
-# `make test` runs the test suite (SQLite; set DATABASE_URL for PostgreSQL), `make lint`
-# ruff and mypy, `make package-check` a real install of the package into a new project.
+# Development tasks of ctxsum and its example project. `make run` serves the demo with its
+# task worker, `make test` runs the test suite (SQLite; set DATABASE_URL for PostgreSQL),
+# `make lint` ruff and mypy, `make package-check` a real install of the package into a new
+# project.
 
 .PHONY: venv run test lint check bench package-check docs screenshots
 
@@ -28,9 +29,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# The web server and, beside it, a task worker that runs the background compactions
+# (manage.py db_worker); Ctrl-C stops both, and so does the web server's exit.
 run: venv
 	$(BIN)/python manage.py migrate
 	$(BIN)/python manage.py ctxsum_demo
+	$(BIN)/python manage.py db_worker --no-reload & worker=$$!; \
+	trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT; \
 	$(BIN)/python manage.py runserver 127.0.0.1:8000
 
 test: venv

@@ -243,6 +243,33 @@ def _body_limit_errors() -> list[CheckMessage]:
     return []
 
 
+def _runner_errors() -> list[CheckMessage]:
+    """AUTO_COMPACT and the COMPACTION_RUNNER that carries it out."""
+    from ctxsum.services.autocompact import RUNNERS, SYNC, compaction_enqueuer
+
+    auto: object = ctxsum_settings.AUTO_COMPACT  # as given, maybe not a bool
+    if not isinstance(auto, bool):
+        return [Error("CTXSUM['AUTO_COMPACT'] must be True or False.", id="ctxsum.E020")]
+    runner: object = ctxsum_settings.COMPACTION_RUNNER
+    if runner == SYNC:
+        return []
+    try:
+        enqueue: object = compaction_enqueuer()
+    except Exception as error:  # not importable, or the task backend refuses the task
+        return [
+            Error(
+                f"CTXSUM['COMPACTION_RUNNER'] ({runner!r}) cannot be loaded: {error}",
+                hint=f"Use {', '.join(map(repr, [*RUNNERS, SYNC]))} or the dotted path of a "
+                "callable(conversation_id, database); 'celery' needs Celery installed.",
+                id="ctxsum.E020",
+            )
+        ]
+    if not callable(enqueue):
+        message = f"CTXSUM['COMPACTION_RUNNER'] ({runner!r}) is not callable."
+        return [Error(message, id="ctxsum.E020")]
+    return []
+
+
 def _summarizer_errors() -> list[CheckMessage]:
     from ctxsum.summarizers import Summarizer, get_summarizer
 
@@ -301,5 +328,6 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     if not errors:
         errors += _input_budget_errors() + _body_limit_errors() + _lease_warnings()
         errors += _idempotency_warnings()
+        errors += _runner_errors()
         errors += _summarizer_errors()
     return errors + _encoding_warnings()

@@ -69,8 +69,15 @@ DEFAULTS: dict[str, Any] = {
     "PROMPT_VERSION": "1",
     # The summary enters the context as a user message starting with this text.
     "SUMMARY_PREFIX": "Here is a summary of the conversation so far:",
-    # Compact automatically after an append that reaches the trigger (after it commits).
-    "AUTO_COMPACT": False,
+    # Compact automatically after an append that reaches the trigger: a compaction task is
+    # enqueued once the append commits (COMPACTION_RUNNER). Only a context over
+    # MAX_CONTEXT_TOKENS is compacted at once, in the appending process, after the commit.
+    "AUTO_COMPACT": True,
+    # What runs an automatic compaction: "tasks" (Django's tasks framework, the task
+    # ctxsum.tasks.compact_conversation on the TASKS backend), "celery" (the Celery task in
+    # ctxsum.celery_tasks), "sync" (the appending process, right after the commit), or the
+    # dotted path of a callable(conversation_id: str, database: str) that enqueues it.
+    "COMPACTION_RUNNER": "tasks",
     # Seconds a compaction lease holds without renewal (it is renewed before every
     # summarizer call); then another worker may take it over. None: SUMMARY_TIMEOUT + 5.
     "LEASE_SECONDS": None,
@@ -137,6 +144,7 @@ class CtxsumSettings:
     PROMPT_VERSION: str
     SUMMARY_PREFIX: str
     AUTO_COMPACT: bool
+    COMPACTION_RUNNER: str
     LEASE_SECONDS: float | None
     MAX_MESSAGE_BYTES: int
     MAX_BATCH_MESSAGES: int

@@ -61,6 +61,7 @@ class Reason(StrEnum):
     CONFLICT = "conflict"
     DRY_RUN = "dry_run"
     DEFERRED = "deferred"
+    QUEUED = "queued"
     COMPACTED = "compacted"
     REBUILT = "rebuilt"
     SUMMARIZER_ERROR = "summarizer_error"

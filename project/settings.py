@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -39,6 +40,10 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files, served locally
+    # Django's tasks framework: built in from Django 6.0, the django-tasks backport before
+    # it; django_tasks_db stores the tasks in the database for `manage.py db_worker`.
+    *(["django_tasks"] if django.VERSION < (6, 0) else []),
+    "django_tasks_db",
     "ctxsum",
     # The example project's own commands: ctxsum_demo, ctxsum_api_docs.
     "project",
@@ -129,6 +134,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
 }
+
+# Background compaction: tasks in the project's database, run by `manage.py db_worker`
+# (`make run` starts one beside the web server).
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 
 # The openai package reads OPENAI_API_KEY and OPENAI_BASE_URL itself.
 _has_openai = bool(os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"))

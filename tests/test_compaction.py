@@ -440,7 +440,7 @@ def test_over_trigger_is_what_the_compacted_context_is_not_the_estimate(user, re
 
 @pytest.mark.django_db(transaction=True)
 def test_message_append_from_python_auto_compacts(travel_policy_user, settings):
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     conversation = services.conversation_create(
         owner=travel_policy_user, system="You are a travel assistant.", **TRAVEL_POLICY
     )
@@ -460,7 +460,7 @@ def test_message_append_from_python_auto_compacts(travel_policy_user, settings):
 def test_inside_a_callers_transaction_auto_compaction_waits_for_the_commit(
     travel, settings, django_capture_on_commit_callbacks
 ):
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         appended = services.message_append(
             conversation=travel, messages=[assistant_message("Window seat?")]
@@ -578,7 +578,7 @@ COMPACTION_QUERIES = 16
 
 @pytest.mark.django_db(transaction=True)
 def test_creating_with_messages_auto_compacts_too(travel_policy_user, settings):
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     long_turns = [{**message, "content": f"{message['content']} " * 8} for message in TRAVEL]
 
     conversation = services.conversation_create(

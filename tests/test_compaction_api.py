@@ -179,7 +179,7 @@ def test_compact_rejects_unknown_fields(api, conversation, openai_summarizer):
 # The automatic compaction runs once the append has committed: outside a test transaction.
 @pytest.mark.django_db(transaction=True)
 def test_auto_compaction_after_append(api, user, openai_summarizer, settings):
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     pk = create(api, policy={"trigger": {"messages": 5}, "keep": {"messages": 2}})
     url = api_url("message-list", pk)
     replies = []
@@ -196,7 +196,7 @@ def test_auto_compaction_after_append(api, user, openai_summarizer, settings):
 
 @pytest.mark.django_db(transaction=True)
 def test_failed_auto_compaction_never_undoes_the_append(api, user, openai_summarizer, settings):
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     openai_summarizer.mode = "error"
     pk = create(
         api,
@@ -328,7 +328,11 @@ def test_a_context_over_its_ceiling_says_so(api, user, openai_summarizer):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_crashing_auto_compaction_is_reported_and_logged_never_a_500(api, user, settings, caplog):
-    settings.CTXSUM = {"SUMMARIZER": "tests.backends.CrashingSummarizer", "AUTO_COMPACT": True}
+    settings.CTXSUM = {
+        "SUMMARIZER": "tests.backends.CrashingSummarizer",
+        "AUTO_COMPACT": True,
+        "COMPACTION_RUNNER": "sync",
+    }
     pk = create(api, policy={"trigger": {"messages": 4}, "keep": {"messages": 1}})
     batch = {"messages": [long_user_message(str(n)) for n in range(4)]}
 
@@ -372,7 +376,7 @@ def test_the_providers_error_text_reaches_the_log_and_the_attempt_not_the_client
 def test_the_providers_error_text_stays_out_of_an_appends_answer(
     api, conversation, openai_summarizer, settings
 ):
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     openai_summarizer.mode = "error"
     url = reverse("ctxsum:message-list", kwargs={"pk": conversation.pk})
     response = api.post(url, {"role": "user", "content": "One more."}, format="json")

@@ -309,7 +309,7 @@ def test_a_dry_run_and_a_compaction_are_two_requests(api, conversation, openai_s
 def test_a_replayed_append_answers_its_automatic_compaction_too(
     api, user, openai_summarizer, settings
 ):
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     conversation = conversation_create(owner=user, messages=weather_history()[:5], **POLICY)
 
     first = append(api, conversation)

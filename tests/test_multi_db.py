@@ -115,7 +115,11 @@ def test_a_failed_compaction_leaves_the_routed_database_as_it_was(owner, setting
 def test_automatic_compaction_waits_for_the_callers_transaction_on_that_database(
     owner, settings
 ):
-    settings.CTXSUM = {"SUMMARIZER": "tests.backends.HookSummarizer", "AUTO_COMPACT": True}
+    settings.CTXSUM = {
+        "SUMMARIZER": "tests.backends.HookSummarizer",
+        "AUTO_COMPACT": True,
+        "COMPACTION_RUNNER": "sync",
+    }
     conversation = services.conversation_create(owner=owner, messages=turns(2), **POLICY)
     with transaction.atomic(using="other"):
         appended = services.message_append(conversation=conversation, messages=turns(5, 2))

@@ -584,6 +584,7 @@ def test_reason_values_are_stable() -> None:
         "conflict",
         "dry_run",
         "deferred",
+        "queued",
         "compacted",
         "rebuilt",
         "summarizer_error",

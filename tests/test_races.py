@@ -520,7 +520,7 @@ def test_an_attempt_recorded_while_a_delete_holds_the_row_waits_and_finds_it_gon
 def test_an_auto_compaction_whose_conversation_is_deleted_mid_call(user, fake, api, settings):
     """The append has committed when its automatic compaction starts: it answers 201 and
     reports the compaction as a conflict, never a 500."""
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
     conversation = create(user, ORPHAN_HISTORY[:4])  # one short of the trigger
     pk = conversation.pk
     client = APIClient()

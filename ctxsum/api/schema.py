@@ -567,6 +567,7 @@ COMPACTION_REASONS = [
     if reason
     not in (
         Reason.DEFERRED,
+        Reason.QUEUED,
         Reason.REBUILT,
         Reason.SUMMARIZER_ERROR,
         Reason.SUMMARY_TRUNCATED,

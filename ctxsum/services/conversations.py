@@ -14,7 +14,11 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum import policy as policy_rules
 from ctxsum.models import Conversation, Message
 from ctxsum.selectors import effective_policy
-from ctxsum.services.autocompact import conversation_autocompact
+from ctxsum.services.autocompact import (
+    Schedule,
+    autocompact_schedule,
+    conversation_autocompact,
+)
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
 from ctxsum.validation import NOT_A_STRING, unstorable
@@ -88,8 +92,9 @@ def conversation_create(
     messages: Sequence[Any] | None = None,
 ) -> Conversation:
     """Create a conversation, with its system prompt and first messages if given, in one
-    transaction: all or nothing. With AUTO_COMPACT, a compaction follows once that has
-    committed, as after any append; its failure never undoes the creation."""
+    transaction: all or nothing. With AUTO_COMPACT, first messages that reach the trigger
+    are compacted as after any append (a task enqueued once the creation commits); a
+    compaction's failure never undoes the creation."""
     fields_clean(title=title, model=model, metadata={} if metadata is None else metadata)
     policy_clean(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     first = messages[0] if isinstance(messages, list | tuple) and messages else None
@@ -111,13 +116,15 @@ def conversation_create(
     cleaned = messages_clean(messages) if messages not in (None, [], ()) else []
     counts = messages_count(conversation, leading + cleaned)
     db = write_db(conversation)
+    schedule = Schedule.OFF
     with transaction.atomic(using=db):
         conversation.save(using=db)
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
-    # First messages are an append too: AUTO_COMPACT applies once they have committed.
-    if cleaned:
-        conversation_autocompact(conversation=conversation)
+        # First messages are an append too: AUTO_COMPACT applies once they have committed.
+        if cleaned:
+            schedule = autocompact_schedule(conversation)
+    conversation_autocompact(conversation=conversation, schedule=schedule)
     return conversation
 
 

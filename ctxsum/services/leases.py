@@ -45,6 +45,13 @@ def lease_take(conversation: Conversation, *, db: str) -> str | None:
     return None
 
 
+def lease_held(conversation: Conversation) -> bool:
+    """Whether ``conversation``, as read, shows a live lease: another worker is summarizing."""
+    if not conversation.lease_owner or conversation.leased_at is None:
+        return False
+    return conversation.leased_at > timezone.now() - timedelta(seconds=lease_seconds())
+
+
 def lease_renew(conversation: Conversation, token: str, *, db: str) -> None:
     """Extend the lease before another summarizer call; raises LeaseLost when it is gone."""
     rows = Conversation.objects.using(db).filter(pk=conversation.pk, lease_owner=token)

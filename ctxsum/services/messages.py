@@ -18,7 +18,11 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, TooLarge
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.policy import LEADING_ROLES
-from ctxsum.services.autocompact import AutoCompaction, conversation_autocompact
+from ctxsum.services.autocompact import (
+    AutoCompaction,
+    autocompact_schedule,
+    conversation_autocompact,
+)
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import messages_appended
@@ -208,8 +212,8 @@ def messages_store(conversation: Conversation, rows: list[Message]) -> list[Mess
 
 @dataclass(frozen=True, kw_only=True)
 class Appended:
-    """What an append stored, and what the automatic compaction after it did (None when
-    AUTO_COMPACT is off)."""
+    """What an append stored, and what the automatic compaction after it did or will do
+    (None when AUTO_COMPACT is off)."""
 
     messages: list[Message]
     compaction: AutoCompaction | None = None
@@ -218,8 +222,10 @@ class Appended:
 def message_append(
     *, conversation: Conversation, messages: Sequence[Any], idempotency: Claim | None = None
 ) -> Appended:
-    """Append one or many messages, all or none; then, once that has committed, compact
-    if AUTO_COMPACT is on and the trigger is reached.
+    """Append one or many messages, all or none. With AUTO_COMPACT on, an append that
+    reaches the trigger enqueues a compaction task once it commits (``compaction.reason``
+    ``queued``); one that leaves the context over MAX_CONTEXT_TOKENS is compacted right
+    after its commit, in this process.
 
     Raises ValidationError naming every bad field, or TooLarge; nothing is stored then. A
     failed automatic compaction never undoes the append: it is reported in the result.
@@ -238,5 +244,7 @@ def message_append(
             messages_appended.send, sender=Conversation, conversation=locked, messages=rows
         )
         transaction.on_commit(send, using=db)
+        schedule = autocompact_schedule(locked)
     conversation.update_from(locked)
-    return Appended(messages=rows, compaction=conversation_autocompact(conversation=conversation))
+    compaction = conversation_autocompact(conversation=conversation, schedule=schedule)
+    return Appended(messages=rows, compaction=compaction)

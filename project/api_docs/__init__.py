@@ -25,6 +25,7 @@ import tempfile
 from io import StringIO
 from typing import Any
 
+import django
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import override_settings
@@ -36,13 +37,24 @@ from project.api_docs.document import OTHER_USER, READER, Document
 
 # The example project's development defaults, whatever the environment says: the offline
 # summarizer (no network, the same summary every time) and the models `make run` uses.
+# AUTO_COMPACT is off, so each compaction the page shows is its own request; the section
+# on automatic compaction turns it on (history.auto_compact).
 CTXSUM = {
     "SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer",
     "SUMMARY_MODEL": "gpt-4o-mini",
     "DEFAULT_MODEL": "gpt-4o",
+    "AUTO_COMPACT": False,
 }
+# Queued compactions wait in the dummy task backend, never run: every page is the same.
+TASKS_MODULE = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
+TASKS = {"default": {"BACKEND": f"{TASKS_MODULE}.backends.dummy.DummyBackend"}}
 # JSON for an unknown URL (DEBUG shows Django's page instead), `make run`'s host.
-SETTINGS: dict[str, Any] = {"CTXSUM": CTXSUM, "DEBUG": False, "ALLOWED_HOSTS": ["127.0.0.1"]}
+SETTINGS: dict[str, Any] = {
+    "CTXSUM": CTXSUM,
+    "TASKS": TASKS,
+    "DEBUG": False,
+    "ALLOWED_HOSTS": ["127.0.0.1"],
+}
 
 
 def generate() -> str:

@@ -52,17 +52,22 @@ def auto_compact(document: Document) -> None:
     policy = {"trigger": {"messages": 8}, "keep": {"messages": 4}}
     document.text(
         f"""
-        With `AUTO_COMPACT` on (the example project leaves it off; these two requests ran
-        with `CTXSUM = {{..., "AUTO_COMPACT": True}}`), an append that reaches the trigger is
-        followed by a compaction once it has committed. First messages are an append too: a
-        new conversation whose messages reach its trigger is compacted before the 201
-        answers, and the answer shows the compacted conversation (it has no `compaction`
-        field; a failure there leaves it created, uncompacted). A system prompt and seven
+        `AUTO_COMPACT` is on by default (the other requests of this page ran with it off, to
+        show each compaction on its own): an append that reaches the trigger enqueues a
+        compaction task once it has committed and answers at once, and a task worker
+        (`manage.py db_worker`, which `make run` starts) compacts the conversation moments
+        later. With `CTXSUM = {{..., "COMPACTION_RUNNER": "sync"}}` the compaction runs in
+        the request instead, once the append has committed, and the answer shows what it
+        did; the next two requests ran so. First messages are an append too: a new
+        conversation whose messages reach its trigger is compacted before the 201 answers,
+        and the answer shows the compacted conversation (it has no `compaction` field; a
+        failure there leaves it created, uncompacted). A system prompt and seven
         messages with `{json.dumps(policy)}`:
         """
     )
     body = {"title": "Porto week", "system": "You plan trips.", "policy": policy}
-    with override_settings(CTXSUM={**settings.CTXSUM, "AUTO_COMPACT": True}):
+    sync = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
+    with override_settings(CTXSUM=sync):
         created = document.call("POST", "/conversations/", {**body, "messages": samples.PORTO})
         document.name("PORTO", created.data["id"])
         expect(created.data["summary"] is not None, "the first messages were compacted")
@@ -79,6 +84,20 @@ def auto_compact(document: Document) -> None:
             "POST", "/conversations/$PORTO/messages/", more, items={"messages": 1}
         )
         expect(appended.data["compaction"]["compacted"], "the append was followed by one")
+    document.text(
+        """
+        With the default runner (`"tasks"`), the same conversation and the same append: the
+        answer says the compaction is `queued`, and the context stays whole and correct
+        until the worker's compaction commits:
+        """
+    )
+    with override_settings(CTXSUM={**settings.CTXSUM, "AUTO_COMPACT": True}):
+        created = document.call("POST", "/conversations/", {**body, "messages": samples.PORTO})
+        document.name("QUEUED", created.data["id"])
+        queued = document.request(
+            "POST", "/conversations/$QUEUED/messages/", more, items={"messages": 1}
+        )
+        expect(queued.data["compaction"]["reason"] == "queued", "the append queued a task")
 
 
 def changes(document: Document) -> None:
