@@ -511,3 +511,28 @@ def test_a_turn_takes_a_fixed_number_of_queries(user, chat_model, django_assert_
     )
     with django_assert_num_queries(TURN_QUERIES):
         chat_turn(conversation=conversation, message=user_message("Hi"))
+
+
+def test_a_turn_that_reaches_the_trigger_queues_a_compaction_for_after_it(
+    user, chat_model, settings, django_capture_on_commit_callbacks
+):
+    """4 messages, trigger 6: the message makes 5, below the trigger, so none is due before
+    the call; the reply makes 6. With AUTO_COMPACT on, a compaction task is enqueued once the
+    pair is stored, and the turn itself calls no summarizer."""
+    from tests.test_tasks import DUMMY, queued
+
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True}
+    settings.TASKS = DUMMY
+    conversation = conversation_create(
+        owner=user, system="Be brief.", messages=HISTORY[:3], **POLICY
+    )
+    assert queued() == []
+
+    with django_capture_on_commit_callbacks(execute=True):
+        result = chat_turn(conversation=conversation, message=user_message("One more."))
+
+    assert result.compaction is None  # nothing was due before the call
+    [task] = queued()
+    assert list(task.args) == [str(conversation.pk), "default"]
+    assert summary_requests(chat_model) == []
+    assert conversation.active_message_count == 6

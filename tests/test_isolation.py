@@ -133,8 +133,8 @@ def test_every_view_requires_a_user_whatever_the_project_defaults() -> None:
     # its own.
     from rest_framework.permissions import IsAuthenticated
 
-    from ctxsum.api.urls import urlpatterns
     from ctxsum.api.base import CtxsumView
+    from ctxsum.api.urls import urlpatterns
 
     assert vars(CtxsumView)["permission_classes"] == [IsAuthenticated]
     for pattern in urlpatterns:

@@ -39,7 +39,7 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import ContextTooLong, MessagesInvalid, ModelError, TurnInProgress
 from ctxsum.models import ChatTurn, Conversation, Message
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy
-from ctxsum.services.autocompact import AutoCompaction
+from ctxsum.services.autocompact import AutoCompaction, autocompact_schedule
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
@@ -342,6 +342,10 @@ def _commit(
         )
         locked.turn_owner, locked.turn_started_at = "", None
         locked.save(update_fields=TURN_FIELDS)
+        # When the pair brings the context to its trigger, a background compaction is
+        # queued for after the commit (never one in this process: the reply is waiting;
+        # the next turn compacts before its call if none has run by then).
+        autocompact_schedule(locked)
         send = partial(
             messages_appended.send, sender=Conversation, conversation=locked, messages=stored
         )

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ctxsum', '0005_idempotency_keys'),
+        ('ctxsum', '0006_chat'),
     ]
 
     operations = [
