@@ -44,6 +44,7 @@ class ConversationChat(CtxsumView):
         ChatOutputSerializer,
         request=ChatInputSerializer,
         errors_too=[*schema.BODY, 409, 429, 502],
+        streamed=schema.SERVER_SENT_EVENTS,
         description='With `"stream": true` the answer is `text/event-stream`: every chunk '
         "of the model's answer as `data: {chat.completion.chunk}`, then `event: ctxsum` "
         "whose data is this operation's JSON answer, then `data: [DONE]`; a failure after "

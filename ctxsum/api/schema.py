@@ -40,6 +40,17 @@ Schema = dict[str, Any]
 # Names a component (a RawSchema or a plain serializer) and adds it to the document.
 Ref = Callable[[type[serializers.Serializer[Any]]], Schema]
 
+JSON = "application/json"
+EVENT_STREAM = "text/event-stream"
+# A streamed answer: server-sent events, described in words (OpenAPI has no schema for them).
+SERVER_SENT_EVENTS = OpenApiResponse(
+    response={"type": "string"},
+    description="Server-sent events: `data: {chat.completion.chunk}` for each chunk of the "
+    "model's answer, then `event: ctxsum` with this operation's JSON answer as its data, then "
+    "`data: [DONE]`; or `event: error` with `{\"detail\", \"code\"}` when the turn fails "
+    "after its first chunk (nothing is stored).",
+)
+
 # The path's id: drf-spectacular cannot tell its form from the URLconf's str converter.
 CONVERSATION_ID = OpenApiParameter(
     "id",
@@ -668,18 +679,33 @@ def operation(
     on_conversation: bool = True,
     parameters: Iterable[OpenApiParameter] = (),
     description: str | None = None,
+    streamed: Any = None,
 ) -> Callable[[Any], Any]:
-    """``extend_schema`` for one of ctxsum's operations: its answer on success, the error
-    answers it can give (every operation's, and ``errors_too``), and the conversation id
-    in its path unless ``on_conversation`` is off, then ``parameters``."""
+    """``extend_schema`` for one of ctxsum's operations: its answer on success (as JSON, and
+    as ``text/event-stream`` described by ``streamed`` when given), the error answers it can
+    give (every operation's, and ``errors_too``), and the conversation id in its path unless
+    ``on_conversation`` is off, then ``parameters``."""
+    success: dict[Any, Any] = {status: response}
+    if streamed is not None:
+        success = {(status, JSON): response, (status, EVENT_STREAM): streamed}
     return extend_schema(
         operation_id=operation_id,
         summary=summary,
         description=description,
         parameters=[*([CONVERSATION_ID] if on_conversation else []), *parameters] or None,
         request=request,
-        responses={status: response, **errors(*errors_too)},
+        responses={**success, **errors(*errors_too)},
     )
+
+
+def _by_status(responses: dict[Any, Any]) -> dict[Any, Any]:
+    """``responses`` in the order of their status codes (a key is a status, or a status
+    and a media type)."""
+
+    def status(key: Any) -> tuple[int, str]:
+        return (key, "") if isinstance(key, int) else (key[0], key[1])
+
+    return dict(sorted(responses.items(), key=lambda item: status(item[0])))
 
 
 def idempotent(handler: Any) -> Any:
@@ -693,8 +719,7 @@ def idempotent(handler: Any) -> Any:
         return [*declared.get_override_parameters(self), IDEMPOTENCY_KEY]
 
     def get_response_serializers(self: Any) -> dict[int, Any]:
-        responses = {**declared.get_response_serializers(self), **errors_only(409)}
-        return dict(sorted(responses.items()))
+        return _by_status({**declared.get_response_serializers(self), **errors_only(409)})
 
     methods = {
         "get_override_parameters": get_override_parameters,
