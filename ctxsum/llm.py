@@ -22,7 +22,7 @@ import openai
 from ctxsum.completions import Usage, reply_message
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import ModelError
-from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS, PLACEHOLDER_API_KEY
+from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS, PLACEHOLDER_API_KEY, error_detail
 
 OPTIONS = frozenset({"base_url", "api_key", "extra_body", "max_tokens_param"})
 # Statuses worth another try: timeout, conflict (a lock on the provider's side), rate
@@ -36,7 +36,6 @@ MALFORMED_RESPONSE = "The model returned a malformed response."
 STREAM_BROKEN = "The model's stream broke off: {error}."
 STREAM_UNFINISHED = "The model's stream ended without a finish reason."
 CALL_FAILED = "The model call failed."
-_DETAIL_CHARS = 200
 
 _lock = threading.Lock()
 _cached: tuple[str, openai.OpenAI] | None = None
@@ -146,7 +145,7 @@ def model_error(exc: BaseException) -> ModelError:
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         message = HTTP_ERROR.format(status=status)
-        detail = _error_detail(exc.body)
+        detail = error_detail(exc.body)
         transient = status in TRANSIENT_STATUSES or status >= 500
         return ModelError(
             f"{message} {detail}".strip(), transient=transient, status=status, cause=exc
@@ -191,14 +190,3 @@ def _tool_call(call: Any) -> dict[str, Any]:
         },
     }
 
-
-def _error_detail(body: Any) -> str:
-    """The server's own error message, shortened."""
-    if isinstance(body, Mapping):
-        body = body.get("error", body)
-    if isinstance(body, Mapping):
-        body = body.get("message")
-    if not isinstance(body, str):
-        return ""
-    detail = " ".join(body.split())
-    return detail[:_DETAIL_CHARS] + ("…" if len(detail) > _DETAIL_CHARS else "")

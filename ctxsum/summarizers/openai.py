@@ -1,7 +1,8 @@
 """The OpenAI-compatible summarizer: one chat completion against any base URL.
 
 Works with OpenAI, Azure's OpenAI-compatible endpoint, vLLM, Ollama, llama.cpp and anything
-else that speaks ``POST /v1/chat/completions``. This is the only module importing ``openai``.
+else that speaks ``POST /v1/chat/completions``. Beside ``ctxsum.llm`` (the chat turn's
+client) this is the only module importing ``openai``.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class OpenAISummarizer(Summarizer):
             raise SummarizerError(message, cause=exc) from exc
         except openai.APIStatusError as exc:
             message = HTTP_ERROR.format(status=exc.status_code)
-            detail = _error_detail(exc)
+            detail = error_detail(exc.body)
             raise SummarizerError(f"{message} {detail}" if detail else message, cause=exc) from exc
         except (openai.APIResponseValidationError, ValueError) as exc:
             # A 200 whose JSON body does not parse surfaces as json.JSONDecodeError.
@@ -207,9 +208,9 @@ def _summary_text(response: Any, *, max_tokens: int) -> str:
     return content.strip()
 
 
-def _error_detail(exc: openai.APIStatusError) -> str:
-    """The server's own error message, shortened, so operators can tell a 401 from a 404."""
-    body = exc.body
+def error_detail(body: Any) -> str:
+    """The server's own error message in an error answer's ``body``, shortened, so
+    operators can tell a 401 from a 404 (the chat turn's errors use it too)."""
     if isinstance(body, Mapping):
         body = body.get("error", body)
     if isinstance(body, Mapping):
