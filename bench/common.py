@@ -1,0 +1,108 @@
+"""What the LangChain comparison benchmarks share: Django set up for a benchmark (its own
+database, the fixed-size test summarizer, o200k_base), the facts a result must carry, the
+percentiles, and where results go. Importing it does not configure Django."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tests.support.replay_django import replay_database
+from tests.support.run_info import git_info, load_average, machine_info
+from tests.support.shared import REPO_ROOT, use_tiktoken_cache
+
+RESULTS_DIR = REPO_ROOT / "bench" / "results"
+IMAGES_DIR = REPO_ROOT / "docs" / "images"
+ENCODING = "o200k_base"
+FIXED_SUMMARIZER = "bench.fixed_summary.FixedSummarizer"
+# The policy both sides get: summarize at 12 messages, keep the last 6 verbatim.
+TRIGGER_MESSAGES = 12
+KEEP_MESSAGES = 6
+PACKAGES = ("django", "langchain", "langchain-core", "langgraph", "tiktoken", "psycopg")
+
+
+def setup_django(*, database_url: str | None, sqlite_dir: Path) -> None:
+    """Configure Django for a benchmark: the example project's settings, its own database
+    (``database_url``, else a new SQLite file in ``sqlite_dir``, WAL), the fixed-size
+    summarizer, o200k_base, no automatic compaction; then migrate."""
+    use_tiktoken_cache()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+    from django.conf import settings
+
+    settings.DATABASES = {
+        "default": replay_database(database_url=database_url, sqlite_dir=sqlite_dir)
+    }
+    settings.DEBUG = False
+    settings.CTXSUM = {
+        **(getattr(settings, "CTXSUM", None) or {}),
+        "SUMMARIZER": FIXED_SUMMARIZER,
+        "ENCODING": ENCODING,
+        "AUTO_COMPACT": False,
+    }
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def bench_owner(name: str) -> Any:
+    """A user owning the benchmark's conversations (created once per database)."""
+    from django.contrib.auth import get_user_model
+
+    owner, _ = get_user_model().objects.get_or_create(username=name[:150])
+    return owner
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions of the packages the comparison depends on."""
+    found: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def run_facts() -> dict[str, Any]:
+    """Machine, commit, versions and load: what every result file starts with."""
+    return {
+        "machine": machine_info(),
+        "git": git_info(),
+        "versions": versions(),
+        "load_average_start": load_average(),
+    }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between the closest ranks; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summary_of(values: Sequence[float], digits: int = 1) -> dict[str, float | int]:
+    """Count, mean, median, p5 and p95 of ``values``."""
+    mean = sum(values) / len(values) if values else 0.0
+    return {
+        "n": len(values),
+        "mean": round(mean, digits),
+        "median": round(percentile(values, 50), digits),
+        "p5": round(percentile(values, 5), digits),
+        "p95": round(percentile(values, 95), digits),
+    }
+
+
+def write_json(report: dict[str, Any], output: Path) -> Path:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return output

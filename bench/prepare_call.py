@@ -1,0 +1,216 @@
+"""CPU time to prepare one model call, ctxsum against LangChain's SummarizationMiddleware.
+
+Preparing a call = append one user message, then get the messages to send, on a compacted
+conversation with 100, 1,000, 10,000 and 100,000 messages of history (bench/prepare_state.py).
+ctxsum runs through its service layer on SQLite and on PostgreSQL, each in a process of its
+own; LangChain's middleware (its default approximate counter, and a tiktoken counter) is
+measured in each of those processes, interleaved with ctxsum, so every ratio comes from one
+run. See bench/prepare_measure.py for the clocks and docs/PERFORMANCE.md for results.
+
+    python -m bench.prepare_call [--sizes N ...] [--rounds R] [--calls N] [--lc-calls N]
+                                 [--database-url URL | --no-postgres] [--output PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import IMAGES_DIR, RESULTS_DIR, run_facts, write_json
+from tests.support.run_info import load_average
+from tests.support.shared import DATA_DIR
+
+SIZES = (100, 1_000, 10_000, 100_000)
+DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtbench_prepare"
+CTXSUM_SIDES = ("ctxsum append+context", "ctxsum append+compact")
+LANGCHAIN_SIDES = ("LangChain default counter", "LangChain tiktoken counter")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.prepare_call", description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="N")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per size (default 7)")
+    parser.add_argument("--calls", type=int, default=40, help="ctxsum calls per round")
+    parser.add_argument("--lc-calls", type=int, default=400, help="LangChain calls per round")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument(
+        "--database-url",
+        default=DEFAULT_DATABASE,
+        help=f"PostgreSQL database to create, use and drop (default {DEFAULT_DATABASE})",
+    )
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--output", type=Path, default=None, metavar="PATH")
+    parser.add_argument(
+        "--plots-from",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="only redraw the plot from a results file of this command",
+    )
+    parser.add_argument("--backend", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
+    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def run_backend(args: argparse.Namespace) -> dict[str, Any]:
+    """Build every size on this process's database, then measure each (Django set up)."""
+    from bench.common import bench_owner
+    from bench.prepare_state import agent_pool, build
+    from tests.support.run_info import database_info
+
+    owner = bench_owner("ctxsum-prepare-call")
+    system, runs = agent_pool(args.data_dir)
+    built = {size: build(owner=owner, system=system, runs=runs, size=size) for size in args.sizes}
+    sizes = []
+    for state in built.values():
+        sizes.append(measure_size(args, state, system))
+        print(f"  {args.backend} {state.history}: {json.dumps(sizes[-1]['ratios_total_cpu'])}")
+    return {"database": database_info(), "calls": calls_per_round(args), "sizes": sizes}
+
+
+def calls_per_round(args: argparse.Namespace) -> dict[str, int]:
+    return {
+        **dict.fromkeys(CTXSUM_SIDES, args.calls),
+        **dict.fromkeys(LANGCHAIN_SIDES, args.lc_calls),
+    }
+
+
+def measure_size(args: argparse.Namespace, state: Any, system: str) -> dict[str, Any]:
+    """Every side, ``args.rounds`` rounds, on one built conversation."""
+    from bench.prepare_measure import (
+        measure,
+        medians,
+        no_server,
+        postgres_clock,
+        ratios,
+        summary_reads,
+    )
+    from bench.prepare_sides import ctxsum_sides, langchain_sides
+    from bench.prepare_state import kept_messages
+    from ctxsum.selectors import context_get
+
+    context = context_get(conversation=state.conversation)
+    sides = ctxsum_sides(state) + langchain_sides(system, kept_messages(context))
+    server = postgres_clock() if args.backend == "postgresql" else no_server
+    results = measure(sides, rounds=args.rounds, calls=calls_per_round(args), server=server)
+    return {
+        "size": state.history,
+        "summaries": state.summaries,
+        "summary_read": summary_reads(state.conversation, rounds=args.rounds),
+        "build_seconds": round(state.seconds, 1),
+        "context_messages_sent": len(context.messages) + 1,
+        "sides": medians(results),
+        "ratios_total_cpu": ratios(results, CTXSUM_SIDES, "total_cpu_us"),
+        "ratios_wall": ratios(results, CTXSUM_SIDES, "wall_us"),
+    }
+
+
+def backend_main(args: argparse.Namespace) -> int:
+    """One backend in this process: write its part of the results to ``--part``."""
+    from bench.common import setup_django
+
+    url = args.database_url if args.backend == "postgresql" else None
+    if url:
+        recreate_database(url, drop_only=False)
+    with tempfile.TemporaryDirectory(prefix="ctxsum-prepare-") as tmp:
+        setup_django(database_url=url, sqlite_dir=Path(tmp))
+        try:
+            part = run_backend(args)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+    if url:
+        recreate_database(url, drop_only=True)
+    write_json(part, args.part)
+    return 0
+
+
+def recreate_database(url: str, *, drop_only: bool) -> None:
+    """Drop the benchmark's database (and create it again unless ``drop_only``)."""
+    import psycopg
+
+    base, name = url.rsplit("/", 1)
+    if not name.startswith("wtbench"):
+        raise SystemExit(f"refusing to drop {name!r}: the database name must start with wtbench")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as connection:
+        connection.execute(f'drop database if exists "{name}"')
+        if not drop_only:
+            connection.execute(f'create database "{name}"')
+
+
+def run_part(backend: str, argv: Sequence[str], part: Path) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "bench.prepare_call",
+        *argv,
+        "--backend",
+        backend,
+        "--part",
+        str(part),
+    ]
+    subprocess.run(command, check=True)
+    result: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
+    return result
+
+
+def draw(report: dict[str, Any]) -> list[Path]:
+    from bench.plots import scaling_plot
+
+    series: dict[str, list[list[float]]] = {}
+    for backend, part in report["backends"].items():
+        for row in part["sizes"]:
+            for name, side in row["sides"].items():
+                if name not in CTXSUM_SIDES and backend != "sqlite":
+                    continue  # LangChain, measured in both processes: the SQLite one's
+                where = backend if name in CTXSUM_SIDES else "in the SQLite process"
+                label = f"{name} ({where})"
+                series.setdefault(label, []).append([row["size"], side["total_cpu_us"]])
+    path = IMAGES_DIR / "perf-prepare-call.png"
+    title = "CPU time to prepare one model call (client + database server)"
+    return [scaling_plot(series, path, title=title, ylabel="µs per call (median of rounds)")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.backend:
+        return backend_main(args)
+    if args.plots_from is not None:
+        for path in draw(json.loads(args.plots_from.read_text(encoding="utf-8"))):
+            print(f"  plot: {path}")
+        return 0
+    started, facts = time.perf_counter(), run_facts()
+    forwarded = [arg for arg in argv if arg != "--no-postgres"]
+    backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
+    with tempfile.TemporaryDirectory(prefix="ctxsum-prepare-parts-") as tmp:
+        parts = {name: run_part(name, forwarded, Path(tmp) / f"{name}.json") for name in backends}
+    report = {
+        "benchmark": "prepare_call",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "-m", "bench.prepare_call", *argv]),
+        **facts,
+        "rounds": args.rounds,
+        "backends": parts,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "load_average_end": load_average(),
+    }
+    output = args.output or RESULTS_DIR / f"prepare-call-{report['date'][:10]}.json"
+    write_json(report, output)
+    for path in draw(report):
+        print(f"  plot: {path}")
+    print(f"  results: {output}  ({report['wall_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
