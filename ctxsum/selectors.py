@@ -113,7 +113,13 @@ class ActiveContext:
 def context_get(*, conversation: Conversation) -> ActiveContext:
     """The active context: [leading system message] + [summary] + active messages in seq
     order, in OpenAI format. Two queries however long the conversation is."""
-    summary = Summary.objects.filter(conversation=conversation, active=True).first()
+    # Not the summary's coverage check: cumulative, it grows with the conversation (to
+    # hundreds of kB), and only a compaction writing the next version reads it.
+    summary = (
+        Summary.objects.filter(conversation=conversation, active=True)
+        .defer("coverage_facts")
+        .first()
+    )
     rows = _active_rows(conversation, summary)
     leading = [row for row in rows if row.is_leading]
     rows = leading + [row for row in rows if not row.is_leading]
