@@ -13,7 +13,7 @@ from ctxsum.models import ChatTurn, Conversation, Message
 from ctxsum.services import conversation_create
 from tests.factories import long_user_message, tool_call, tool_result, user_message
 from tests.support.urls import api_url
-from tests.test_schema import answer_schema, assert_valid
+from tests.test_schema import answer_schema, assert_valid, validator
 
 pytestmark = pytest.mark.django_db
 
@@ -91,6 +91,13 @@ def test_a_streamed_turn_is_server_sent_events(api, conversation, chat_model):
     assert result["usage"]["streamed"] is True
     assert result["usage"]["completion_tokens"] == chunks[-1]["usage"]["completion_tokens"]
     assert stored(conversation)[-1] == (4, "Sunny and 24 C.")
+    # Each event, as a client parses it, is what the schema says the stream carries.
+    document = SchemaGenerator().get_schema(request=None, public=True)
+    content = document["paths"]["/api/conversations/{id}/chat/"]["post"]["responses"]["200"]
+    event_schema = validator(document, content["content"]["text/event-stream"]["schema"])
+    for name, data in parsed:
+        assert_valid(event_schema, {"event": name or "message", "data": data})
+    assert not event_schema.is_valid({"event": "message"})  # no data: not an event of it
 
 
 def test_an_event_source_asking_for_event_streams_gets_one(api, conversation, chat_model):

@@ -42,9 +42,17 @@ Ref = Callable[[type[serializers.Serializer[Any]]], Schema]
 
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
-# A streamed answer: server-sent events, described in words (OpenAPI has no schema for them).
+# A streamed answer: server-sent events, each one as a client parses it (its event name,
+# "message" when it has none, and its data), the data's forms described in words.
 SERVER_SENT_EVENTS = OpenApiResponse(
-    response={"type": "string"},
+    response={
+        "type": "object",
+        "properties": {
+            "event": {"type": "string", "enum": ["message", "ctxsum", "error"]},
+            "data": {"type": "string"},
+        },
+        "required": ["data"],
+    },
     description="Server-sent events: `data: {chat.completion.chunk}` for each chunk of the "
     "model's answer, then `event: ctxsum` with this operation's JSON answer as its data, then "
     "`data: [DONE]`; or `event: error` with `{\"detail\", \"code\"}` when the turn fails "
