@@ -211,7 +211,10 @@ class Summary(models.Model):
     # Cumulative: from the first summarized message to the newest one this summary replaced.
     from_seq = models.PositiveIntegerField()
     to_seq = models.PositiveIntegerField()
-    previous = models.OneToOneField(
+    # The version this one was written from (a compaction extends it, a rebuild replaces
+    # it). A foreign key, not one-to-one: after a revert, the next compaction extends the
+    # restored version again, so a version can be the previous one of several.
+    previous = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.RESTRICT, related_name="next"
     )
     input_tokens = models.PositiveIntegerField(default=0)
@@ -224,6 +227,9 @@ class Summary(models.Model):
     # the archived originals and marks the version it replaced superseded.
     origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.COMPACTION)
     superseded = models.BooleanField(default=False)
+    # Undone by conversation_revert: its archived messages are active again and its
+    # previous version is the active one; it archives nothing and stays in the history.
+    reverted = models.BooleanField(default=False)
     # A message this summary covers was redacted after it was written: rebuild it.
     covers_redacted = models.BooleanField(default=False)
     # The coverage check (ctxsum.coverage): the facts of the covered messages, each present or
@@ -259,6 +265,7 @@ class CompactionAttempt(models.Model):
         SKIPPED = "skipped"
         CONFLICT = "conflict"
         FAILED = "failed"
+        REVERTED = "reverted"
 
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="compaction_attempts"

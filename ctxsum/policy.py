@@ -64,6 +64,7 @@ class Reason(StrEnum):
     QUEUED = "queued"
     COMPACTED = "compacted"
     REBUILT = "rebuilt"
+    REVERTED = "reverted"
     SUMMARIZER_ERROR = "summarizer_error"
     SUMMARY_TRUNCATED = "summary_truncated"
     ERROR = "error"

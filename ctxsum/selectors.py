@@ -156,6 +156,14 @@ def _active_rows(conversation: Conversation, summary: Summary | None) -> list[Me
     return list(body.union(leading, all=True).order_by("seq"))
 
 
+def active_summary_version(*, conversation: Conversation) -> int | None:
+    """The version of the conversation's active summary (None: it has none), the one a
+    revert undoes."""
+    active = Summary.objects.filter(conversation=conversation, active=True)
+    version: int | None = active.values_list("version", flat=True).first()
+    return version
+
+
 def conversation_list(*, owner: Any) -> QuerySet[Conversation]:
     # pk breaks ties, so pages neither repeat nor skip conversations created together.
     return Conversation.objects.filter(owner=owner).order_by("-created_at", "-pk")

@@ -8,3 +8,6 @@ messages_appended = Signal()
 summary_created = Signal()
 # sender=Conversation; conversation=, attempt=CompactionAttempt, error=Exception
 compaction_failed = Signal()
+# sender=Conversation; conversation=, summary=the reverted Summary, restored=the Summary
+# active again (None: none), attempt=CompactionAttempt
+summary_reverted = Signal()

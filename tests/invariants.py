@@ -20,12 +20,15 @@ conversation, its rows and its summaries, and asserts (with messages that say wh
 (e) nothing is lost and the bookkeeping adds up: rows are seq 0..n-1 with
     n == message_count == next_seq; every row is active, archived under exactly one
     summary, or a replaced leading message; archived rows form contiguous, version-ordered
-    runs before the active ones; summaries are versions 1..k, each ``previous`` the one
-    before, each covering (cumulatively) exactly from the first archived seq to the last seq
-    archived under it or its predecessors; there is an active summary iff a row is archived,
-    and it is the newest; every summary names its prompt version, prompt SHA-256 (64 hex)
-    and model, with from_seq <= to_seq; the counters (active_message_count, active_tokens
-    with the active summary, message_count, next_seq) equal the sums over the rows.
+    runs before the active ones; summaries are versions 1..k; the ones not reverted form
+    one chain, each ``previous`` the one before it, each covering (cumulatively) exactly
+    from the first archived seq to the last seq archived under it or its predecessors; a
+    reverted summary is inactive, archives nothing and names an older ``previous``; a
+    summary is superseded iff a rebuild that is not reverted replaced it; there is an
+    active summary iff a row is archived, and it is the newest one not reverted, never
+    superseded; every summary names its prompt version, prompt SHA-256 (64 hex) and model,
+    with from_seq <= to_seq; the counters (active_message_count, active_tokens with the
+    active summary, message_count, next_seq) equal the sums over the rows.
 
 A plain function so any test can call it after any step; it reads, never writes.
 """
@@ -58,6 +61,11 @@ class _State:
     active: list[Message]  # active non-leading rows, by seq
     archived: list[Message]  # archived rows, by seq
     active_summary: Summary | None = None
+
+    @property
+    def chain(self) -> list[Summary]:
+        """The summaries not reverted, by version: the history the active one stands on."""
+        return [summary for summary in self.summaries if not summary.reverted]
 
 
 def assert_context_invariants(
@@ -128,18 +136,40 @@ def _check_rows(state: _State) -> None:
 
 
 def _check_summaries(state: _State) -> None:
-    """(e) Versions 1..k, each extending the one before; complete metadata; one active
-    summary iff a row is archived, and it is the newest."""
+    """(e) Versions 1..k; those not reverted form one chain, each extending the one before;
+    a reverted one extends an older version; superseded iff a live rebuild replaced it;
+    complete metadata; one active summary iff a row is archived, and it is the newest of
+    the chain."""
     label, summaries = state.label, state.summaries
     versions = [summary.version for summary in summaries]
     assert versions == list(range(1, len(summaries) + 1)), (
         f"{label}: summary versions are {versions}, not 1..{len(summaries)}"
     )
-    for index, summary in enumerate(summaries):
+    by_id = {summary.pk: summary for summary in summaries}
+    chain = state.chain
+    for index, summary in enumerate(chain):
+        expected_previous = chain[index - 1] if index else None
+        assert summary.previous_id == (expected_previous and expected_previous.pk), (
+            f"{label}: summary v{summary.version} extends {summary.previous_id}, not "
+            f"{f'v{expected_previous.version}' if expected_previous else 'nothing'}"
+        )
+    replaced_by_live_rebuild = {
+        summary.previous_id
+        for summary in chain
+        if summary.origin == Summary.Origin.REBUILD and summary.previous_id is not None
+    }
+    for summary in summaries:
         name = f"{label}: summary v{summary.version}"
-        expected_previous = summaries[index - 1].pk if index else None
-        assert summary.previous_id == expected_previous, (
-            f"{name} extends {summary.previous_id}, not v{summary.version - 1}"
+        if summary.reverted:
+            assert not summary.active, f"{name} is reverted but active"
+            previous = by_id.get(summary.previous_id) if summary.previous_id else None
+            assert summary.previous_id is None or (
+                previous is not None and previous.version < summary.version
+            ), f"{name} extends {summary.previous_id}, not an older version of this conversation"
+        assert summary.superseded == (summary.pk in replaced_by_live_rebuild), (
+            f"{name}: superseded is {summary.superseded}, but "
+            f"{'a' if summary.pk in replaced_by_live_rebuild else 'no'} rebuild in force "
+            "replaced it"
         )
         assert summary.prompt_version, f"{name} has no prompt_version"
         assert _SHA256.fullmatch(summary.prompt_sha256 or ""), (
@@ -155,11 +185,13 @@ def _check_summaries(state: _State) -> None:
         f"{label}: {len(active)} active summaries with {len(state.archived)} archived rows"
     )
     if active:
-        assert active[0] is summaries[-1], (
+        assert active[0] is chain[-1], (
             f"{label}: the active summary is v{active[0].version}, "
-            f"not the newest v{summaries[-1].version}"
+            f"not the newest one not reverted, v{chain[-1].version}"
         )
         state.active_summary = active[0]
+    else:
+        assert not chain, f"{label}: no active summary, but v{chain[-1].version} is not reverted"
     found = state.context.summary
     assert (found and found.pk) == (active[0].pk if active else None), (
         f"{label}: context_get found summary {found and found.pk}, not the active one"
@@ -168,9 +200,10 @@ def _check_summaries(state: _State) -> None:
 
 def _check_archived_ranges(state: _State) -> None:
     """(e) Archived rows form version-ordered contiguous runs, all older than every active
-    row; each summary covers (cumulatively) exactly the span of its and its predecessors'
-    rows, and archived at least one, unless a rebuild wrote it over its predecessor's range
-    (which it then marks superseded)."""
+    row; each summary of the chain covers (cumulatively) exactly the span of its and its
+    predecessors' rows, and archived at least one, unless a rebuild wrote it over its
+    predecessor's range (which it then marks superseded); a reverted summary archives
+    none: reverting gave its rows back to the context."""
     label = state.label
     by_id = {summary.pk: summary for summary in state.summaries}
     for row in state.archived:
@@ -186,8 +219,12 @@ def _check_archived_ranges(state: _State) -> None:
     assert versions == sorted(versions), (
         f"{label}: archived runs are not in version order (seq, version): {labels}"
     )
-    covered: list[int] = []
     for summary in state.summaries:
+        if summary.reverted:
+            own = [row.seq for row in state.archived if row.summary_id == summary.pk]
+            assert not own, f"{label}: reverted summary v{summary.version} archives {own}"
+    covered: list[int] = []
+    for summary in state.chain:
         own = [row.seq for row in state.archived if row.summary_id == summary.pk]
         if summary.origin == Summary.Origin.REBUILD:
             # Written anew over its predecessor's range: it archives nothing itself.

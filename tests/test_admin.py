@@ -109,6 +109,7 @@ def every_page(conversation: Conversation) -> list[str]:
         url("conversation_delete", conversation.pk),
         url("conversation_history", conversation.pk),
         url("conversation_redact", conversation.pk, SECRET_SEQ),
+        url("conversation_revert", conversation.pk, summary.version),
         url("summary_changelist"),
         url("summary_change", summary.pk),
         url("message_changelist"),

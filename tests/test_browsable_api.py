@@ -20,12 +20,13 @@ ENDPOINTS = [
     ("ctxsum:summary-list", True, {"GET"}),
     ("ctxsum:summary-rebuild", True, {"POST"}),
     ("ctxsum:message-redact", True, {"POST"}),
+    ("ctxsum:summary-revert", True, {"POST"}),
     ("ctxsum:chat", True, {"POST"}),
 ]
 # The path beyond the conversation's id.
-PATHS = {"ctxsum:message-redact": {"seq": 1}}
+PATHS = {"ctxsum:message-redact": {"seq": 1}, "ctxsum:summary-revert": {"version": 1}}
 # Operations whose body has no field.
-NO_FIELDS = {"ctxsum:summary-rebuild", "ctxsum:message-redact"}
+NO_FIELDS = {"ctxsum:summary-rebuild", "ctxsum:message-redact", "ctxsum:summary-revert"}
 
 
 @pytest.fixture

@@ -570,10 +570,10 @@ def test_compaction_queries_do_not_grow_with_the_archived_range(
 
 
 # snapshot (conversation, summary, messages): 3; earlier no_gain for the range: 1; lease (one
-# conditional update): 1; commit (savepoint, lock, active summary, insert summary, bulk
-# update, counters, attempt, release): 8; the fresh context (conversation, summary,
-# messages): 3.
-COMPACTION_QUERIES = 16
+# conditional update): 1; commit (savepoint, lock, active summary, newest version, insert
+# summary, bulk update, counters, attempt, release): 9; the fresh context (conversation,
+# summary, messages): 3.
+COMPACTION_QUERIES = 17
 
 
 @pytest.mark.django_db(transaction=True)

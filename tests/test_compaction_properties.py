@@ -35,6 +35,7 @@ from ctxsum.selectors import context_get, transcript_list
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import conversation_create, conversation_update
 from ctxsum.services.messages import message_append
+from ctxsum.services.revert import conversation_revert
 from ctxsum.summarizers.offline import OfflineSummarizer
 from ctxsum.validation import TOOL_CALL_ID_ARCHIVED
 from tests.factories import (
@@ -268,6 +269,8 @@ def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data)
             mode = data.draw(st.sampled_from(["auto"] * 6 + ["force"] * 2 + ["dry_run"]))
             before = Summary.objects.filter(conversation=conversation).count()
             snapshot = _snapshot(conversation) if mode == "dry_run" else None
+            context_before = context_get(conversation=conversation)
+            next_seq = conversation.next_seq
             result = conversation_compact(
                 conversation=conversation, force=mode == "force", dry_run=mode == "dry_run"
             )
@@ -335,6 +338,19 @@ def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data)
                 result.archived[0].seq,
                 result.archived[-1].seq,
             )
+            if data.draw(st.integers(0, 3), label="revert it") == 0:
+                # Undone: the context before the compaction, plus what came meanwhile.
+                reverted = conversation_revert(conversation=conversation, version=new.version)
+                assert reverted.reverted and reverted.restored == result.archived
+                event("reverted")
+                after = context_get(conversation=conversation)
+                meanwhile = conversation.messages.filter(seq__gte=next_seq).order_by("seq")
+                assert after.messages == [*context_before.messages, *during]
+                assert after.tokens == [
+                    *context_before.tokens,
+                    *(row.token_count for row in meanwhile),
+                ]
+                assert_context_invariants(conversation, original_messages=appended)
         target(float(compactions), label="compactions")
 
 

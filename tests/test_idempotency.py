@@ -453,5 +453,6 @@ def test_the_schema_describes_the_header_and_the_409_where_a_key_is_taken():
         "messages_create",
         "conversations_compact",
         "summaries_rebuild",
+        "summaries_revert",
         "conversations_chat",
     }

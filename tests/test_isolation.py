@@ -9,8 +9,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.services import conversation_create
-from tests.factories import assistant_message, user_message
+from ctxsum.services import conversation_create, conversation_update, message_append
+from tests.factories import assistant_message, compact, long_user_message, user_message
 from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
@@ -29,9 +29,10 @@ ENDPOINTS: list[tuple[str, str, dict | None]] = [
     ("get", "summary-list", None),
     ("post", "summary-rebuild", {}),
     ("post", "message-redact", {}),
+    ("post", "summary-revert", {}),
 ]
 # The path beyond the conversation's id.
-PATHS = {"message-redact": {"seq": 1}}
+PATHS = {"message-redact": {"seq": 1}, "summary-revert": {"version": 1}}
 IDS = [
     f"{method} {name}{' batch' if body and 'messages' in body else ''}"
     for method, name, body in ENDPOINTS
@@ -64,6 +65,18 @@ def state(conversation: Conversation) -> tuple:
     )
 
 
+def summarized(conversation: Conversation) -> None:
+    """For the endpoints about a summary: alice's conversation compacted once."""
+    messages = [long_user_message(f"trip {index}") for index in range(3)]
+    message_append(conversation=conversation, messages=messages)
+    conversation_update(conversation=conversation, keep={"messages": 1})
+    compact(conversation)
+
+
+# What an endpoint needs of alice's conversation to answer her with a success.
+PREPARE = {"summary-revert": summarized}
+
+
 def url(name: str, conversation: object) -> str:
     return api_url(name, conversation, **PATHS.get(name, {}))
 
@@ -78,6 +91,7 @@ def send(client: APIClient, method: str, url: str, body: dict | None):
 def test_someone_elses_conversation_is_404_like_a_missing_one(
     other_api, alices, method, name, body
 ) -> None:
+    PREPARE.get(name, lambda conversation: None)(alices)
     before = state(alices)
 
     response = send(other_api, method, url(name, alices.pk), body)
@@ -94,6 +108,7 @@ def test_someone_elses_conversation_is_404_like_a_missing_one(
 @pytest.mark.parametrize(("method", "name", "body"), ENDPOINTS, ids=IDS)
 def test_the_owner_reaches_every_endpoint(api, alices, method, name, body) -> None:
     # The control for the test above: the same requests succeed for the owner.
+    PREPARE.get(name, lambda conversation: None)(alices)
     response = send(api, method, url(name, alices.pk), body)
     assert response.status_code in (200, 201, 204), response.content
 

@@ -587,6 +587,7 @@ def test_reason_values_are_stable() -> None:
         "queued",
         "compacted",
         "rebuilt",
+        "reverted",
         "summarizer_error",
         "summary_truncated",
         "error",

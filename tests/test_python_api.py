@@ -21,6 +21,7 @@ WRITES = {
     "conversation_delete",
     "conversation_compact",
     "conversation_rebuild",
+    "conversation_revert",
     "message_append",
     "message_redact",
     "file_import",
@@ -72,6 +73,10 @@ def test_every_write_leaves_the_callers_instance_equal_to_the_row(conversation):
     services.conversation_rebuild(conversation=conversation)
     assert mine(conversation) == row(conversation)
 
+    version = selectors.active_summary_version(conversation=conversation)
+    assert services.conversation_revert(conversation=conversation, version=version).reverted
+    assert mine(conversation) == row(conversation)
+
 
 def test_a_stale_instance_only_names_the_row(conversation):
     """A service reads the row itself: an outdated instance cannot write old counters."""
@@ -100,5 +105,6 @@ def test_selectors_hold_every_read():
         "conversation_effective_policy",
         "stale_summaries",
         "summary_is_stale",
+        "active_summary_version",
     }
     assert all(callable(getattr(selectors, name)) for name in reads)

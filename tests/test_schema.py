@@ -26,6 +26,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "conversations.jsonl"
 DOCUMENT = "urn:ctxsum:openapi"
 PLACEHOLDER = "00000000-0000-4000-8000-000000000000"
 SEQ_PLACEHOLDER = "98765"
+VERSION_PLACEHOLDER = "87654"
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +105,10 @@ def api_operations() -> set[tuple[str, str]]:
         converters = pattern.pattern.converters
         kwargs = {"pk": PLACEHOLDER} if "pk" in converters else {}
         kwargs |= {"seq": SEQ_PLACEHOLDER} if "seq" in converters else {}
+        kwargs |= {"version": VERSION_PLACEHOLDER} if "version" in converters else {}
         path = reverse(f"ctxsum:{pattern.name}", kwargs=kwargs)
         path = path.replace(PLACEHOLDER, "{id}").replace(SEQ_PLACEHOLDER, "{seq}")
+        path = path.replace(VERSION_PLACEHOLDER, "{version}")
         view = pattern.callback.view_class  # type: ignore[attr-defined]
         for method in view.http_method_names:
             if method not in ("options", "head") and hasattr(view, method):
@@ -121,7 +124,7 @@ def test_every_url_and_method_of_the_api_is_described(document):
         if path.startswith(reverse("ctxsum:api-root"))
     }
     expected = api_operations()
-    assert len(expected) == 14
+    assert len(expected) == 15
     assert described == expected
 
 
@@ -141,7 +144,8 @@ def test_every_operation_names_its_answers_and_errors(document):
             assert list(operation["requestBody"]["content"]) == ["application/json"]
         if "{id}" in path:
             in_path = {p["name"]: p for p in operation["parameters"] if p["in"] == "path"}
-            assert set(in_path) == ({"id", "seq"} if "{seq}" in path else {"id"})
+            named = {"id"} | {name for name in ("seq", "version") if f"{{{name}}}" in path}
+            assert set(in_path) == named, (path, method)
             assert in_path["id"]["schema"]["pattern"].startswith("^[0-9a-f]{8}-")
     assert len(ids) == len(set(ids)), "operationIds are unique"
     compact = document["paths"]["/api/conversations/{id}/compact/"]["post"]["responses"]
@@ -304,6 +308,12 @@ def test_the_answers_are_as_the_schema_describes_them(api, document):
     rebuilt = api.post(reverse("ctxsum:summary-rebuild", kwargs={"pk": pk}))
     assert rebuilt.json()["rebuilt"], rebuilt.json()
     assert_valid(answer_schema(document, f"{path}summaries/rebuild/", "post", 200), rebuilt.json())
+    reverted = api.post(reverse("ctxsum:summary-revert", kwargs={"pk": pk, "version": 2}))
+    assert reverted.json()["reverted"], reverted.json()
+    assert_valid(
+        answer_schema(document, f"{path}summaries/{{version}}/revert/", "post", 200),
+        reverted.json(),
+    )
 
 
 def test_the_schema_refuses_an_answer_that_is_not_one(document):

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.utils.translation import gettext
 from django.utils.translation import ngettext_lazy as _n
 
@@ -15,7 +16,7 @@ from ctxsum.exceptions import SummarizerError
 from ctxsum.models import Conversation, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import summary_is_stale
-from ctxsum.services import conversation_compact, conversation_rebuild
+from ctxsum.services import conversation_compact, conversation_rebuild, conversation_revert
 
 # Each selected conversation may cost a summarizer call of many seconds, inside the request.
 ACTION_LIMIT = 10
@@ -23,10 +24,12 @@ FAILED = "failed"
 GONE = "gone"
 NOT_STALE = "not_stale"
 NOTHING_TO_REBUILD = "nothing_to_rebuild"
+NOTHING_TO_REVERT = "nothing_to_revert"
 
 OUTCOMES = {
     Reason.COMPACTED: _n("%(count)d compacted", "%(count)d compacted", "count"),
     Reason.REBUILT: _n("%(count)d rebuilt", "%(count)d rebuilt", "count"),
+    Reason.REVERTED: _n("%(count)d reverted", "%(count)d reverted", "count"),
     Reason.DRY_RUN: _n("%(count)d would compact", "%(count)d would compact", "count"),
     Reason.BELOW_TRIGGER: _n(
         "%(count)d below its trigger", "%(count)d below their trigger", "count"
@@ -36,6 +39,9 @@ OUTCOMES = {
     ),
     NOTHING_TO_REBUILD: _n(
         "%(count)d had nothing to rebuild", "%(count)d had nothing to rebuild", "count"
+    ),
+    NOTHING_TO_REVERT: _n(
+        "%(count)d had nothing to revert", "%(count)d had nothing to revert", "count"
     ),
     NOT_STALE: _n("%(count)d not stale", "%(count)d not stale", "count"),
     Reason.NO_GAIN: _n(
@@ -141,6 +147,29 @@ def rebuild(conversations: Iterable[Conversation]) -> Tally:
         result = conversation_rebuild(conversation=conversation)
         if result.reason == Reason.NOTHING_TO_SUMMARIZE:
             return NOTHING_TO_REBUILD
+        return str(result.reason)
+
+    return _each(selected, run)
+
+
+def revert(conversations: Iterable[Conversation]) -> Tally:
+    """Undo the last compaction of each conversation: revert its active summary (one
+    version back, however many there are); those without one have nothing to revert."""
+    selected = list(conversations)
+    active = Summary.objects.filter(
+        conversation__in=[conversation.pk for conversation in selected], active=True
+    )
+    versions = dict(active.values_list("conversation_id", "version"))
+
+    def run(conversation: Conversation, tally: Tally) -> str:
+        version = versions.get(conversation.pk)
+        if version is None:
+            return NOTHING_TO_REVERT
+        try:
+            result = conversation_revert(conversation=conversation, version=version)
+        except ValidationError:
+            # Another request changed the active summary since it was read here.
+            return str(Reason.CONFLICT)
         return str(result.reason)
 
     return _each(selected, run)

@@ -1,6 +1,6 @@
 """Conversations: the list annotated with what a reviewer sorts and filters on, an edit
 form that saves through ``conversation_update``, the review page, and actions that call the
-compaction and rebuild services one conversation at a time."""
+compaction, rebuild and revert services one conversation at a time."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from ctxsum.selectors import conversation_effective_policy
 
 COMPACT_ALL = "manage.py ctxsum_compact --all --force"
 REBUILD_ALL = "manage.py ctxsum_rebuild --stale"
+REVERT_MANY = "manage.py ctxsum_revert ID…"
 
 
 @admin.register(Conversation)
@@ -101,7 +102,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         "created_at",
         "updated_at",
     )
-    actions = ("compact_now", "compact_dry_run", "rebuild_stale")
+    actions = ("compact_now", "compact_dry_run", "rebuild_stale", "revert_last")
     # Each selected conversation may cost a summarizer call inside the request.
     action_limit = batch.ACTION_LIMIT
 
@@ -234,6 +235,11 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
                 wrap(self.redact_view),
                 name="{}_{}_redact".format(*info),
             ),
+            path(
+                "<path:object_id>/summaries/<int:version>/revert/",
+                wrap(self.revert_view),
+                name="{}_{}_revert".format(*info),
+            ),
             *urls,
         ]
 
@@ -242,6 +248,9 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
 
     def redact_view(self, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
         return views.message_redact(self, request, object_id, seq)
+
+    def revert_view(self, request: HttpRequest, object_id: str, version: int) -> HttpResponse:
+        return views.summary_revert(self, request, object_id, version)
 
     # --- actions ------------------------------------------------------------------------------
 
@@ -256,6 +265,10 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
     @admin.action(description=_("Rebuild stale summary"), permissions=["change"])
     def rebuild_stale(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
         self._run(request, queryset, batch.rebuild, REBUILD_ALL)
+
+    @admin.action(description=_("Undo the last compaction"), permissions=["change"])
+    def revert_last(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
+        self._run(request, queryset, batch.revert, REVERT_MANY)
 
     def _run(
         self,

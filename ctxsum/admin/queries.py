@@ -194,6 +194,15 @@ def summary_next(summary: Summary) -> Summary | None:
     return Summary.objects.filter(previous=summary).first()
 
 
+def archived_by(summary: Summary) -> tuple[int, int]:
+    """How many messages ``summary`` archived itself, and their tokens: what undoing it
+    brings back into the context. One query."""
+    totals = Message.objects.filter(summary=summary).aggregate(
+        count=Count("pk"), tokens=Coalesce(Sum("token_count"), 0)
+    )
+    return totals["count"], totals["tokens"]
+
+
 def summaries_covering(conversation: Conversation, seq: int) -> list[Summary]:
     """The summaries whose range holds ``seq``: a redaction marks them stale."""
     return list(

@@ -32,6 +32,7 @@ class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
         "origin",
         "active",
         "superseded",
+        "reverted",
     )
     list_select_related = ("conversation",)
     ordering = ("-created_at", "-version")
@@ -56,8 +57,8 @@ class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
 
     @admin.display(description=_("summary"), ordering="version")
     def summary(self, obj: Summary) -> str:
-        """The version, whether it is the active one (or superseded by a rebuild), and
-        whether a rebuild wrote it."""
+        """The version, whether it is the active one (or reverted, or superseded by a
+        rebuild), and whether a rebuild wrote it."""
         origin = badge("rebuild", _("rebuild")) if obj.origin == Summary.Origin.REBUILD else ""
         return format_html("v{} {} {}", obj.version, self.state(obj), origin)
 
@@ -68,6 +69,8 @@ class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
     def state(self, obj: Summary) -> str:
         if obj.active:
             return badge("active", _("active"))
+        if obj.reverted:
+            return badge("reverted", _("reverted"))
         if obj.superseded:
             return badge("superseded", _("superseded"))
         return ""

@@ -1,8 +1,9 @@
 """The review pages: a conversation (its active context as a chat, its transcript a page at
 a time with archived messages under the summary version that archived them), a summary (its
 text beside the messages it covers, the word diff from the previous version, lineage,
-prompt, coverage), and the confirmation of a redaction. Each takes a fixed number of queries
-however long the conversation is; every write goes through a service."""
+prompt, coverage), and the confirmations of a redaction and of undoing a compaction. Each
+takes a fixed number of queries however long the conversation is; every write goes through
+a service."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 from typing import Any, TypeVar
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Model
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -48,6 +49,16 @@ def may_view(model_admin: admin.ModelAdmin[Any], request: HttpRequest, model: ty
     """Whether the user may open ``model``'s admin pages (to link them or not)."""
     site = model_admin.admin_site
     return site.is_registered(model) and site.get_model_admin(model).has_view_permission(request)
+
+
+def may_revert(
+    model_admin: admin.ModelAdmin[Any], request: HttpRequest, conversation: Conversation
+) -> bool:
+    """Undoing a compaction changes the conversation: its admin's change permission."""
+    site = model_admin.admin_site
+    if not site.is_registered(Conversation):
+        return False
+    return site.get_model_admin(Conversation).has_change_permission(request, conversation)
 
 
 def may_redact(request: HttpRequest) -> bool:
@@ -124,6 +135,7 @@ def summary_review(
         missing=[fact for fact in facts if not fact.get("present")],
         page=page,
         covered=message_views(page.messages, archived_by=summary),
+        can_revert=summary.active and may_revert(model_admin, request, summary.conversation),
     )
     return TemplateResponse(request, "ctxsum/admin/summary_review.html", context)
 
@@ -155,3 +167,72 @@ def message_redact(
         back=f"{review}?page={queries.page_of(seq)}#m{seq}",
     )
     return TemplateResponse(request, "ctxsum/admin/message_redact.html", context)
+
+
+def summary_revert(
+    model_admin: admin.ModelAdmin[Conversation],
+    request: HttpRequest,
+    object_id: str,
+    version: int,
+) -> HttpResponse:
+    """GET: what undoing the compaction that wrote ``version`` would do; POST (with the CSRF
+    token the admin checks): revert it through ``services.conversation_revert``."""
+    conversation = viewable(model_admin, request, object_id)
+    if not model_admin.has_change_permission(request, conversation):
+        raise PermissionDenied
+    summary = get_object_or_404(
+        Summary.objects.select_related("previous"), conversation=conversation, version=version
+    )
+    back = reverse("admin:ctxsum_summary_change", args=[summary.pk])
+    if request.method == "POST":
+        return _revert(model_admin, request, conversation, summary, back)
+    count, tokens = queries.archived_by(summary)
+    previous = summary.previous
+    after = conversation.context_tokens + tokens - summary.token_count
+    context = _page(
+        model_admin,
+        request,
+        gettext("Undo the compaction that wrote v%(version)d") % {"version": version},
+        subtitle=str(conversation),
+        conversation=conversation,
+        summary=summary,
+        previous=previous,
+        restored_count=count,
+        tokens_before=conversation.context_tokens,
+        tokens_after=after + (previous.token_count if previous else 0),
+        back=back,
+    )
+    return TemplateResponse(request, "ctxsum/admin/summary_revert.html", context)
+
+
+def _revert(
+    model_admin: admin.ModelAdmin[Conversation],
+    request: HttpRequest,
+    conversation: Conversation,
+    summary: Summary,
+    back: str,
+) -> HttpResponse:
+    try:
+        result = services.conversation_revert(conversation=conversation, version=summary.version)
+    except ValidationError as error:  # not the active summary (any more)
+        model_admin.message_user(request, " ".join(error.messages), messages.ERROR)
+        return HttpResponseRedirect(back)
+    if not result.reverted:
+        text = gettext(
+            "Nothing was reverted (%(reason)s): another worker is summarizing this "
+            "conversation, or its active summary changed meanwhile. Try again."
+        )
+        model_admin.message_user(request, text % {"reason": result.reason}, messages.WARNING)
+        return HttpResponseRedirect(back)
+    model_admin.log_change(request, conversation, f"Reverted summary v{summary.version}.")
+    text = gettext(
+        "v%(version)d was reverted: %(count)d messages are active again, and %(active)s."
+    )
+    active = (
+        gettext("v%(version)d is the active summary") % {"version": result.summary.version}
+        if result.summary
+        else gettext("the conversation has no summary")
+    )
+    values = {"version": summary.version, "count": len(result.restored), "active": active}
+    model_admin.message_user(request, text % values, messages.SUCCESS)
+    return HttpResponseRedirect(reverse("admin:ctxsum_conversation_review", args=[conversation.pk]))

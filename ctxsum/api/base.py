@@ -46,7 +46,10 @@ CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 # A seq in a path: what a PositiveIntegerField holds on every database, in decimal.
 CANONICAL_SEQ = re.compile(r"0|[1-9][0-9]{0,9}")
 MAX_SEQ = 2**31 - 1
+# A summary version in a path: 1, 2, 3, … in decimal, within the same column.
+CANONICAL_VERSION = re.compile(r"[1-9][0-9]{0,9}")
 MESSAGE_NOT_FOUND = _("No such message in this conversation.")
+SUMMARY_NOT_FOUND = _("No such summary version in this conversation.")
 BODY_TOO_LARGE = _("The request body is {size} bytes; the limit is {limit} bytes.")
 
 
@@ -152,6 +155,14 @@ def seq_from_path(value: str) -> int:
     """A seq from the path; anything that no message can have is a 404, like a missing one."""
     if not CANONICAL_SEQ.fullmatch(value) or int(value) > MAX_SEQ:
         raise exceptions.NotFound(MESSAGE_NOT_FOUND)
+    return int(value)
+
+
+def version_from_path(value: str) -> int:
+    """A summary version from the path; anything no summary can have is a 404, like a
+    missing one."""
+    if not CANONICAL_VERSION.fullmatch(value) or int(value) > MAX_SEQ:
+        raise exceptions.NotFound(SUMMARY_NOT_FOUND)
     return int(value)
 
 

@@ -76,6 +76,14 @@ MESSAGE_SEQ = OpenApiParameter(
     pattern="^(0|[1-9][0-9]{0,9})$",
 )
 
+SUMMARY_VERSION = OpenApiParameter(
+    "version",
+    str,
+    OpenApiParameter.PATH,
+    description="The summary's version in its conversation: 1, 2, 3, … in decimal.",
+    pattern="^[1-9][0-9]{0,9}$",
+)
+
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     str,
@@ -588,6 +596,7 @@ COMPACTION_REASONS = [
         Reason.DEFERRED,
         Reason.QUEUED,
         Reason.REBUILT,
+        Reason.REVERTED,
         Reason.SUMMARIZER_ERROR,
         Reason.SUMMARY_TRUNCATED,
         Reason.ERROR,
@@ -595,6 +604,8 @@ COMPACTION_REASONS = [
 ]
 # What POST .../summaries/rebuild/ answers.
 REBUILD_REASONS = [Reason.REBUILT, Reason.NOTHING_TO_SUMMARIZE, Reason.IN_PROGRESS, Reason.CONFLICT]
+# What POST .../summaries/{version}/revert/ answers.
+REVERT_REASONS = [Reason.REVERTED, Reason.IN_PROGRESS, Reason.CONFLICT]
 FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]
 
 
@@ -647,7 +658,7 @@ ERRORS = {
     400: (BadRequest, "The request is invalid; nothing was stored."),
     401: (Error, "No valid credentials."),
     403: (Error, "Not allowed: a session that is not logged in, or without its CSRF token."),
-    404: (Error, "No such conversation (or someone else's), or no such page."),
+    404: (Error, "No such conversation (or someone else's), message, summary version or page."),
     406: (Error, "None of the Accept header's media types can be served."),
     411: (Error, "A chunked body: send a Content-Length."),
     409: (

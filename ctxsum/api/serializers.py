@@ -176,6 +176,7 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
             "active",
             "origin",
             "superseded",
+            "reverted",
             "stale",
             "coverage",
             "created_at",
@@ -390,5 +391,26 @@ class RebuildOutputSerializer(serializers.Serializer[Any]):
 
     @extend_schema_field(ContextOutputSerializer)
     def get_context(self, rebuilt: Any) -> dict[str, Any]:
+        # Serializer.context, the dict the view passed: the field above is not an attribute.
+        return ContextOutputSerializer(self.context["active"]).data  # type: ignore[index]
+
+
+class RevertOutputSerializer(serializers.Serializer[Any]):
+    """What a revert did (``services.Reverted``) and the context after it; the view passes
+    the context as ``context["active"]``."""
+
+    reverted = serializers.BooleanField()
+    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REVERT_REASONS])
+    reverted_version = serializers.IntegerField(source="reverted_summary.version")
+    messages_restored = serializers.SerializerMethodField()
+    summary = SummaryOutputSerializer(allow_null=True)
+    # DRF takes declared fields off the class, so this does not shadow Serializer.context.
+    context = serializers.SerializerMethodField()  # type: ignore[assignment]
+
+    def get_messages_restored(self, reverted: Any) -> int:
+        return len(reverted.restored)
+
+    @extend_schema_field(ContextOutputSerializer)
+    def get_context(self, reverted: Any) -> dict[str, Any]:
         # Serializer.context, the dict the view passed: the field above is not an attribute.
         return ContextOutputSerializer(self.context["active"]).data  # type: ignore[index]

@@ -23,4 +23,9 @@ urlpatterns = [
         views.SummaryRebuild.as_view(),
         name="summary-rebuild",
     ),
+    path(
+        "conversations/<str:pk>/summaries/<str:version>/revert/",
+        views.SummaryRevert.as_view(),
+        name="summary-revert",
+    ),
 ]

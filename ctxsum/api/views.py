@@ -13,7 +13,14 @@ from rest_framework.reverse import reverse
 
 from ctxsum import selectors, services
 from ctxsum.api import schema
-from ctxsum.api.base import MESSAGE_NOT_FOUND, CtxsumView, no_fields, seq_from_path
+from ctxsum.api.base import (
+    MESSAGE_NOT_FOUND,
+    SUMMARY_NOT_FOUND,
+    CtxsumView,
+    no_fields,
+    seq_from_path,
+    version_from_path,
+)
 from ctxsum.api.exceptions import SummarizerFailed
 from ctxsum.api.idempotency import idempotent
 from ctxsum.api.pagination import TranscriptPagination
@@ -32,13 +39,14 @@ from ctxsum.api.serializers import (
     MessageBatchInputSerializer,
     MessageOutputSerializer,
     RebuildOutputSerializer,
+    RevertOutputSerializer,
     SummaryOutputSerializer,
 )
 from ctxsum.exceptions import (
     MessagesInvalid,
     SummarizerError,
 )
-from ctxsum.models import Conversation, Message
+from ctxsum.models import Conversation, Message, Summary
 from ctxsum.services.compaction import failure_reason
 
 
@@ -287,6 +295,38 @@ class SummaryRebuild(CtxsumView):
             raise SummarizerFailed(reason=failure_reason(error)) from error
         active = selectors.context_get(conversation=conversation)
         return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
+
+
+class SummaryRevert(CtxsumView):
+    serializer_class = EmptyInputSerializer
+
+    @idempotent
+    @schema.operation(
+        "summaries_revert",
+        "Undo a compaction: the active summary's archived messages become active again",
+        RevertOutputSerializer,
+        request=EmptyInputSerializer,
+        parameters=[schema.SUMMARY_VERSION],
+        errors_too=schema.BODY,
+        description="`version` must be the active summary's (else 400 naming `version`). "
+        "The version it extended (or none) becomes active again, the messages it archived "
+        "are active again, and the context is what it was before that compaction plus "
+        "whatever was appended since. The reverted version stays in the history, marked "
+        "`reverted`; reverting a rebuild restores the version it superseded. Reverting "
+        "again walks back one more version. `reverted: false` comes with a `reason`: "
+        "`in_progress` (another worker holds the compaction lease) or `conflict` (the "
+        "active summary changed meanwhile).",
+    )
+    def post(self, request: Request, pk: str, version: str) -> Response:
+        conversation = self.get_conversation()
+        number = version_from_path(version)
+        no_fields(request)
+        try:
+            reverted = services.conversation_revert(conversation=conversation, version=number)
+        except Summary.DoesNotExist as error:
+            raise exceptions.NotFound(SUMMARY_NOT_FOUND) from error
+        active = selectors.context_get(conversation=conversation)
+        return Response(RevertOutputSerializer(reverted, context={"active": active}).data)
 
 
 class SummaryList(CtxsumView):

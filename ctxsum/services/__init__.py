@@ -12,6 +12,7 @@ from ctxsum.services.imports import file_import
 from ctxsum.services.messages import message_append
 from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.services.redaction import message_redact
+from ctxsum.services.revert import conversation_revert
 
 __all__ = [
     "chat_turn",
@@ -19,6 +20,7 @@ __all__ = [
     "conversation_create",
     "conversation_delete",
     "conversation_rebuild",
+    "conversation_revert",
     "conversation_update",
     "file_import",
     "message_append",

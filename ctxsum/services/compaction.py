@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Max
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
@@ -279,17 +280,19 @@ def summary_insert(
     to_seq: int,
     origin: str = Summary.Origin.COMPACTION,
 ) -> Summary:
-    """Store ``written`` as the conversation's active summary, the next version after
-    ``previous`` (deactivated; marked superseded when a rebuild replaces it). The caller
-    holds the row lock."""
+    """Store ``written`` as the conversation's active summary, written from ``previous``
+    (deactivated; marked superseded when a rebuild replaces it), under the next free
+    version number: after a revert, versions above ``previous`` are taken by the reverted
+    ones. The caller holds the row lock."""
     db = locked._state.db
     if previous is not None:
         superseded = origin == Summary.Origin.REBUILD
         Summary.objects.using(db).filter(pk=previous.pk).update(active=False, superseded=superseded)
         previous.active, previous.superseded = False, superseded
+    newest = Summary.objects.using(db).filter(conversation=locked).aggregate(Max("version"))
     return Summary.objects.using(db).create(
         conversation=locked,
-        version=previous.version + 1 if previous else 1,
+        version=(newest["version__max"] or 0) + 1,
         text=written.text,
         **current_prompt(),
         model=written.model,

@@ -161,6 +161,34 @@ def erasure(document: Document) -> None:
     expect(rebuilt.data["rebuilt"] and not rebuilt.data["summary"]["stale"], "rebuilt")
 
 
+def undo(document: Document) -> None:
+    summaries = "/conversations/$PORTO/summaries/"
+    listed = document.call("GET", summaries).data["results"]
+    version = next(summary["version"] for summary in listed if summary["active"])
+    document.text(
+        f"""
+        ## Undoing a compaction
+
+        Reverting the active summary undoes the compaction that wrote it: the version it
+        extended becomes active again (or none), the messages it archived are active
+        again, verbatim, and the context is what it was before that compaction plus
+        whatever was appended since. The reverted version stays in the history, marked
+        `reverted`. The Porto conversation's active summary is v{version}:
+        """
+    )
+    hidden = {"context.messages", "context.summary", "summary.text"}
+    reverted = document.request("POST", f"{summaries}{version}/revert/", hide=hidden)
+    expect(reverted.data["reverted"] and reverted.data["messages_restored"], "reverted")
+    document.text(
+        """
+        Reverting again walks back one more version. Only the active version can be
+        reverted; any other is refused, naming `version`:
+        """
+    )
+    refused = document.request("POST", f"{summaries}{version}/revert/")
+    expect(refused.status == 400, "a reverted version cannot be reverted again")
+
+
 def retries(document: Document) -> None:
     document.text(
         """
@@ -202,5 +230,6 @@ SECTIONS: tuple[Callable[[Document], None], ...] = (
     auto_compact,
     changes,
     erasure,
+    undo,
     retries,
 )
