@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
-from ctxsum.services.compaction import active_summary_is
+from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
 from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_take
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import summary_reverted
@@ -100,17 +100,6 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
     )
 
 
-# What a revert changes on the conversation row.
-REVERT_FIELDS = (
-    "active_message_count",
-    "active_tokens",
-    "revision",
-    "lease_owner",
-    "leased_at",
-    "updated_at",
-)
-
-
 def _commit(
     conversation: Conversation, target: Summary, token: str, *, db: str
 ) -> tuple[Conversation, list[Message], CompactionAttempt]:
@@ -144,7 +133,7 @@ def _commit(
         )
         locked.revision += 1
         locked.lease_owner, locked.leased_at = "", None
-        locked.save(update_fields=REVERT_FIELDS)
+        locked.save(update_fields=COMMIT_FIELDS)  # what a compaction's commit moves
         attempt = CompactionAttempt.objects.using(db).create(
             conversation=locked,
             outcome=Outcome.REVERTED,
