@@ -15,9 +15,10 @@ pytestmark = pytest.mark.django_db
 
 SIZES = [10, 2000]
 
-# Pinned query counts. Appending inside the test's transaction: SAVEPOINT, SELECT ... FOR
-# UPDATE of the conversation, INSERT of the messages, UPDATE of the counters, RELEASE.
-APPEND_QUERIES = 5
+# Pinned query counts. Appending inside the test's transaction: SAVEPOINT, the UPDATE of
+# the counters that locks the conversation row and returns it, INSERT of the messages,
+# RELEASE.
+APPEND_QUERIES = 4
 # A tool result also looks its request up in the tool-call index; a tool call inserts it.
 APPEND_TOOL_RESULT_QUERIES = APPEND_QUERIES + 1
 APPEND_TOOL_CALL_QUERIES = APPEND_QUERIES + 1

@@ -1,5 +1,12 @@
-"""Appending messages: validated outside the transaction, stored inside one that locks the
-conversation row to hand out gapless ``seq`` numbers and keep the counters exact."""
+"""Appending messages: validated and counted outside the transaction, stored inside one that
+locks the conversation row to hand out gapless ``seq`` numbers and keep the counters exact.
+
+``message_append`` locks the row with the UPDATE that moves its counters
+(``append_claim``), then checks tool results and inserts the rows under that lock. Writers
+that hold the row already store through ``messages_insert``, which saves the counters after
+the rows: a chat turn's commit and a new system prompt, under the row lock they took for
+their own checks, and a new conversation's first messages, in the transaction that inserts
+the conversation."""
 
 from __future__ import annotations
 
@@ -18,12 +25,14 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, TooLarge
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.policy import LEADING_ROLES
+from ctxsum.services.append_claim import append_claim
 from ctxsum.services.autocompact import (
     AutoCompaction,
     autocompact_schedule,
     conversation_autocompact,
 )
 from ctxsum.services.idempotency import Claim, key_applied
+from ctxsum.services.inserts import rows_insert
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import messages_appended
 from ctxsum.validation import (
@@ -37,7 +46,7 @@ from ctxsum.validation import (
 BATCH_EMPTY = _("Send at least one message.")
 BATCH_TYPE = _("Must be a list of messages.")
 BATCH_TOO_LARGE = _("A batch holds {count} messages; the limit is {limit}.")
-# What an append changes on the conversation row.
+# What an append changes on the conversation row (append_claim moves the same columns).
 COUNTER_FIELDS = (
     "next_seq",
     "message_count",
@@ -143,12 +152,16 @@ def messages_count(conversation: Conversation, cleaned: Sequence[Mapping[str, An
 
 
 def message_rows(
-    conversation: Conversation, cleaned: Sequence[Mapping[str, Any]], counts: Sequence[int]
+    conversation: Conversation,
+    cleaned: Sequence[Mapping[str, Any]],
+    counts: Sequence[int],
+    *,
+    first_seq: int,
 ) -> list[Message]:
-    """Unsaved Message rows for ``cleaned``, numbered from the conversation's next seq."""
+    """Unsaved Message rows for ``cleaned``, numbered from ``first_seq``."""
     rows = []
     for offset, (message, token_count) in enumerate(zip(cleaned, counts, strict=True)):
-        seq = conversation.next_seq + offset
+        seq = first_seq + offset
         rows.append(
             Message(
                 conversation=conversation,
@@ -178,7 +191,7 @@ def messages_insert(
     are checked first, errors indexed as in ``cleaned``. The caller holds the row lock."""
     tool_results_check(conversation, cleaned)
     batch = list(cleaned) if leading is None else [leading, *cleaned]
-    rows = message_rows(conversation, batch, counts)
+    rows = message_rows(conversation, batch, counts, first_seq=conversation.next_seq)
     if leading is not None:
         rows[0].is_leading = True
     return messages_store(conversation, rows)
@@ -186,11 +199,22 @@ def messages_insert(
 
 def messages_store(conversation: Conversation, rows: list[Message]) -> list[Message]:
     """Insert ``rows`` and move the counters of ``conversation``, which the caller has locked."""
-    db = conversation._state.db
-    rows = Message.objects.using(db).bulk_create(rows)
+    _rows_insert(rows, db=conversation._state.db or write_db(conversation))
+    conversation.next_seq += len(rows)
+    conversation.message_count += len(rows)
+    conversation.active_message_count += len(rows)
+    conversation.active_tokens += sum(row.token_count for row in rows)
+    conversation.revision += 1
+    conversation.save(update_fields=COUNTER_FIELDS)
+    return rows
+
+
+def _rows_insert(rows: list[Message], *, db: str) -> None:
+    """Insert ``rows`` and their tool calls' index rows."""
+    rows_insert(rows, db=db)
     calls = [
         ToolCall(
-            conversation=conversation,
+            conversation_id=row.conversation_id,
             message=row,
             seq=row.seq,
             call_id=call["id"],
@@ -199,15 +223,7 @@ def messages_store(conversation: Conversation, rows: list[Message]) -> list[Mess
         for row in rows
         for call in row.tool_calls or ()
     ]
-    if calls:
-        ToolCall.objects.using(db).bulk_create(calls)
-    conversation.next_seq += len(rows)
-    conversation.message_count += len(rows)
-    conversation.active_message_count += len(rows)
-    conversation.active_tokens += sum(row.token_count for row in rows)
-    conversation.revision += 1
-    conversation.save(update_fields=COUNTER_FIELDS)
-    return rows
+    rows_insert(calls, db=db)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,9 +253,13 @@ def message_append(
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
     with transaction.atomic(using=db):
-        locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
+        # The counters move first, with the row lock; the checks run under it, and a refusal
+        # rolls the counters back with the rest of the transaction.
+        locked = append_claim(pk=conversation.pk, db=db, count=len(cleaned), tokens=sum(counts))
         key_applied(idempotency)
-        rows = messages_insert(locked, cleaned, counts)
+        tool_results_check(locked, cleaned)
+        rows = message_rows(locked, cleaned, counts, first_seq=locked.next_seq - len(cleaned))
+        _rows_insert(rows, db=db)
         send = partial(
             messages_appended.send, sender=Conversation, conversation=locked, messages=rows
         )

@@ -1,0 +1,79 @@
+"""Inserting the rows of an append: ``bulk_create`` without its per-call machinery (a query
+object, its compiler, the statement composed anew for every call), which is about half of
+``bulk_create``'s time for a one-row INSERT on SQLite, and a third on PostgreSQL.
+
+A model's statement is composed once per database vendor; a batch joins one group of
+placeholders per row. Values are prepared by the fields, as ``bulk_create`` prepares them
+(``pre_save`` for an addition, then ``get_db_prep_save``), batches are as large as the
+backend allows (``bulk_batch_size``), and the primary keys come back with RETURNING in the
+order of the rows, which ``bulk_create`` relies on as well (PostgreSQL, SQLite from 3.35).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, Model
+
+
+@dataclass(frozen=True)
+class _Statement:
+    fields: list[Field[Any, Any]]  # every concrete field but the automatic primary key
+    head: str  # INSERT INTO table (columns) VALUES
+    row: str  # (%s, %s, …)
+    tail: str  # RETURNING pk
+
+
+_STATEMENTS: dict[tuple[str, str], _Statement] = {}
+
+
+def rows_insert(rows: Sequence[Model], *, db: str) -> None:
+    """Insert ``rows``, new instances of one model with an automatic primary key, into
+    ``db``, and set their primary keys: what ``bulk_create(rows)`` does."""
+    if not rows:
+        return
+    model = type(rows[0])
+    connection = connections[db]
+    statement = _statement(model, connection)
+    fields = statement.fields
+    size = max(connection.ops.bulk_batch_size(fields, rows), 1)
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), size):
+            batch = rows[start : start + size]
+            values = ", ".join([statement.row] * len(batch))
+            params = [
+                field.get_db_prep_save(field.pre_save(row, True), connection)
+                for row in batch
+                for field in fields
+            ]
+            cursor.execute(f"{statement.head} {values} {statement.tail}", params)
+            for row, (pk,) in zip(batch, cursor.fetchall(), strict=True):
+                row.pk = pk
+                row._state.adding = False
+                row._state.db = db
+
+
+def _statement(model: type[Model], connection: BaseDatabaseWrapper) -> _Statement:
+    key = (model._meta.label, connection.vendor)
+    statement = _STATEMENTS.get(key)
+    if statement is None:
+        meta, quote = model._meta, connection.ops.quote_name
+        assert meta.auto_field is not None, f"{meta.label} has no automatic primary key"
+        fields = [field for field in meta.concrete_fields if field is not meta.auto_field]
+        columns = ", ".join(quote(_column(field)) for field in fields)
+        statement = _STATEMENTS[key] = _Statement(
+            fields=fields,
+            head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES",
+            row=f"({', '.join(['%s'] * len(fields))})",
+            tail=f"RETURNING {quote(_column(meta.auto_field))}",
+        )
+    return statement
+
+
+def _column(field: Field[Any, Any]) -> str:
+    assert field.column is not None  # set on every concrete field of a ready model
+    return field.column
