@@ -147,6 +147,7 @@ class CtxsumSettings:
     PROMPT: str
     PROMPT_VERSION: str
     SUMMARY_PREFIX: str
+    FACTS_MAX_TOKENS: int
     AUTO_COMPACT: bool
     COMPACTION_RUNNER: str
     LEASE_SECONDS: float | None
