@@ -42,8 +42,11 @@ class Conversation(models.Model):
     next_seq = models.PositiveIntegerField(default=0)
     message_count = models.PositiveIntegerField(default=0)
     active_message_count = models.PositiveIntegerField(default=0)
-    # Tokens of the active context's messages, the summary message included.
+    # Tokens of the active context's messages, the summary message and the facts block
+    # included.
     active_tokens = models.PositiveIntegerField(default=0)
+    # Tokens of the facts block alone (0: no block), part of active_tokens.
+    facts_tokens = models.PositiveIntegerField(default=0)
     # Bumped on every change of the conversation or its context (an ETag for clients).
     revision = models.PositiveIntegerField(default=0)
 
