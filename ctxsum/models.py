@@ -509,8 +509,15 @@ class FactChange(models.Model):
     """One write of the summarizer to a fact, with the fact as it was before: what reverting
     that summary version undoes (unless a person has edited or pinned the fact since)."""
 
+    class Kind(models.TextChoices):
+        CREATED = "created"  # a new key: the fact did not exist
+        UPDATED = "updated"  # a new value
+        CONFIRMED = "confirmed"  # the same value again: confirmed_at and source_seqs moved
+        PROPOSED = "proposed"  # a new value for a pinned or a person's fact, kept aside
+
     fact = models.ForeignKey(Fact, on_delete=models.CASCADE, related_name="changes")
     summary = models.ForeignKey(Summary, on_delete=models.CASCADE, related_name="fact_changes")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CREATED)
     # The fact before the change; ``created`` when the change created it.
     created = models.BooleanField(default=False)
     old_value = models.TextField(blank=True, default="")
@@ -522,6 +529,10 @@ class FactChange(models.Model):
         Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     old_confirmed_at = models.DateTimeField(null=True, blank=True)
+    old_proposed_value = models.TextField(blank=True, default="")
+    old_proposed_by = models.ForeignKey(
+        Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

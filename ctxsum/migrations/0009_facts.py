@@ -53,10 +53,24 @@ class Migration(migrations.Migration):
                         auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
                     ),
                 ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("created", "Created"),
+                            ("updated", "Updated"),
+                            ("confirmed", "Confirmed"),
+                            ("proposed", "Proposed"),
+                        ],
+                        default="created",
+                        max_length=16,
+                    ),
+                ),
                 ("created", models.BooleanField(default=False)),
                 ("old_value", models.TextField(blank=True, default="")),
                 ("old_source_seqs", models.JSONField(blank=True, default=list)),
                 ("old_confirmed_at", models.DateTimeField(blank=True, null=True)),
+                ("old_proposed_value", models.TextField(blank=True, default="")),
                 ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
@@ -168,6 +182,17 @@ class Migration(migrations.Migration):
                 on_delete=django.db.models.deletion.SET_NULL,
                 related_name="+",
                 to="ctxsum.conversation",
+            ),
+        ),
+        migrations.AddField(
+            model_name="factchange",
+            name="old_proposed_by",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="ctxsum.summary",
             ),
         ),
         migrations.AddField(

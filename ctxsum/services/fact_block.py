@@ -25,6 +25,9 @@ from ctxsum.models import Conversation, Fact
 
 # What a recount changes on the conversation row.
 BLOCK_FIELDS = ("facts_tokens", "active_tokens", "revision", "updated_at")
+# The fewest tokens a fact's line can cost ("- k: v" and its newline): how many facts a block
+# of FACTS_MAX_TOKENS could ever show.
+MIN_LINE_TOKENS = 3
 
 
 def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
@@ -36,7 +39,28 @@ def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
             conversation__isnull=True,
             subject=conversation.subject,
         )
-    return Fact.objects.using(conversation._state.db or "default").filter(mine)
+    db = conversation._state.db
+    return (Fact.objects.using(db) if db else Fact.objects.all()).filter(mine)
+
+
+def block_order(fact: Fact) -> tuple[bool, float, str]:
+    """The order the block considers facts in: pinned first, then the most recently
+    confirmed (``Fact.Meta.ordering``)."""
+    return (not fact.pinned, -fact.confirmed_at.timestamp(), fact.key)
+
+
+def candidates_limit() -> int:
+    """How many facts, in block order, a block is chosen from: as many as could fit, each
+    key twice (the conversation's own and its subject's). A read of the block stays the
+    same size however many facts a conversation has gathered."""
+    return 2 * (max(ctxsum_settings.FACTS_MAX_TOKENS, 0) // MIN_LINE_TOKENS + 1)
+
+
+def facts_candidates(conversation: Conversation) -> QuerySet[Fact]:
+    """The facts the conversation's block is chosen from (one query): ``facts_visible``
+    in block order, the first ``candidates_limit()``."""
+    ordered = facts_visible(conversation).order_by("-pinned", "-confirmed_at", "key")
+    return ordered[: candidates_limit()]
 
 
 def facts_chosen(facts: Iterable[Fact], *, model: str | None = None) -> list[Fact]:
@@ -50,10 +74,7 @@ def facts_chosen(facts: Iterable[Fact], *, model: str | None = None) -> list[Fac
         kept = by_key.get(fact.key)
         if kept is None or (kept.conversation_id is None and fact.conversation_id is not None):
             by_key[fact.key] = fact
-    ordered = sorted(
-        by_key.values(),
-        key=lambda fact: (not fact.pinned, -fact.confirmed_at.timestamp(), fact.key),
-    )
+    ordered = sorted(by_key.values(), key=block_order)
     chosen: list[Fact] = []
     used = _header_tokens(model)
     for fact in ordered:
@@ -94,13 +115,18 @@ def conversations_lock(
     return list(Conversation.objects.using(db).select_for_update().filter(shown).order_by("pk"))
 
 
+def facts_count(conversation: Conversation) -> int:
+    """Tokens of the conversation's facts block as its facts stand now (one query)."""
+    model = conversation.model or None
+    return block_tokens(facts_chosen(facts_candidates(conversation), model=model), model=model)
+
+
 def facts_recount(locked: Sequence[Conversation]) -> None:
     """Recount the facts block of each conversation (locked by the caller) and move its
     ``active_tokens`` and ``revision`` by what changed; rows whose block costs the same
     are left alone."""
     for conversation in locked:
-        model = conversation.model or None
-        count = block_tokens(facts_chosen(facts_visible(conversation), model=model), model=model)
+        count = facts_count(conversation)
         if count == conversation.facts_tokens:
             continue
         conversation.active_tokens += count - conversation.facts_tokens
