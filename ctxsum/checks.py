@@ -82,6 +82,15 @@ def _number_errors() -> list[CheckMessage]:
                     id="ctxsum.E005",
                 )
             )
+    facts: object = ctxsum_settings.FACTS_MAX_TOKENS
+    if isinstance(facts, bool) or not isinstance(facts, int) or facts < 0:
+        errors.append(
+            Error(
+                f"CTXSUM['FACTS_MAX_TOKENS'] must be a whole number, 0 or more, not {facts!r}.",
+                hint=f"The default is {DEFAULTS['FACTS_MAX_TOKENS']!r}; 0 shows no facts block.",
+                id="ctxsum.E005",
+            )
+        )
     ratio: object = ctxsum_settings.TARGET_RATIO  # as given, maybe not a number
     if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 1:
         errors.append(
@@ -175,7 +184,7 @@ def _input_budget_errors() -> list[CheckMessage]:
     from ctxsum.tokens import count_text
 
     # The longest length-budget line a prompt can carry: 3/4 of the answer's cap.
-    prompt = summary_prompt(ctxsum_settings.SUMMARY_MAX_TOKENS * 3 // 4)
+    prompt = summary_prompt(ctxsum_settings.SUMMARY_MAX_TOKENS * 3 // 4, _facts_instruction())
     try:
         room = history_room(prompt, count_text)
     except Exception:  # the encoding cannot be loaded: W001 says so
@@ -191,6 +200,17 @@ def _input_budget_errors() -> list[CheckMessage]:
             id="ctxsum.E010",
         )
     ]
+
+
+def _facts_instruction() -> str:
+    """What the configured summarizer adds to the prompt for key facts ("" when it cannot
+    be built: E007/E008 say why)."""
+    from ctxsum.summarizers import get_summarizer
+
+    try:
+        return get_summarizer().facts_instruction()
+    except Exception:
+        return ""
 
 
 def _lease_warnings() -> list[CheckMessage]:

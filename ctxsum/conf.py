@@ -69,6 +69,10 @@ DEFAULTS: dict[str, Any] = {
     "PROMPT_VERSION": "1",
     # The summary enters the context as a user message starting with this text.
     "SUMMARY_PREFIX": "Here is a summary of the conversation so far:",
+    # Key facts (ctxsum.models.Fact) enter the context as one user message after the
+    # summary, pinned facts first, then the most recently confirmed, up to this many tokens
+    # (0: no facts block). The trigger counts the block like any message.
+    "FACTS_MAX_TOKENS": 500,
     # Compact automatically after an append that reaches the trigger: a compaction task is
     # enqueued once the append commits (COMPACTION_RUNNER). Only a context over
     # MAX_CONTEXT_TOKENS is compacted at once, in the appending process, after the commit.
@@ -143,6 +147,7 @@ class CtxsumSettings:
     PROMPT: str
     PROMPT_VERSION: str
     SUMMARY_PREFIX: str
+    FACTS_MAX_TOKENS: int
     AUTO_COMPACT: bool
     COMPACTION_RUNNER: str
     LEASE_SECONDS: float | None

@@ -145,10 +145,10 @@ def facts_found(
     order first seen, after the ``known`` facts; a span is claimed by the first kind that
     matches it. A summary's facts are its previous version's plus those of the messages it
     newly archived."""
-    found: dict[str, tuple[str, str]] = {_key(kind, fact): (kind, fact) for kind, fact in known}
+    found = {fact_key(kind, fact): (kind, fact) for kind, fact in known}
     for text in texts:
         for kind, fact in _facts_of(text):
-            found.setdefault(_key(kind, fact), (kind, fact))
+            found.setdefault(fact_key(kind, fact), (kind, fact))
     return list(found.values())
 
 
@@ -193,9 +193,10 @@ def _starts_sentence(text: str, start: int) -> bool:
     return index < 0 or text[index] in _SENTENCE_BREAKS
 
 
-def _key(kind: str, fact: str) -> str:
+def fact_key(kind: str, fact: str) -> str:
     """What two mentions of a fact share: the value of a number or an amount (a summary
-    may write 1,200 for 1200, or 84.00 for 84.0), else the text without case and spacing."""
+    may write 1,200 for 1200, or 84.00 for 84.0), else the text without case and spacing.
+    Stable, so the offline summarizer keys the key facts it extracts by it too."""
     if kind in ("number", "amount"):
         return f"{kind}:{_value(fact)}"
     return f"{kind}:{' '.join(fact.casefold().split())}"

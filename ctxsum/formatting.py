@@ -2,8 +2,10 @@
 
 The summarizer gets the history as data inside XML-like tags (``<user>``, ``<assistant>``,
 ``<tool-call>``, ``<tool-result>``…) so it can tell who said what and which result answers
-which call. Text is escaped, so no message can close a tag or forge another role, and media
-become placeholders such as ``[image]``: base64 payloads and URLs are never copied.
+which call; given the messages' seqs, each block carries its message's ``seq`` so the
+summarizer can say which messages a key fact comes from. Text is escaped, so no message can
+close a tag or forge another role, and media become placeholders such as ``[image]``:
+base64 payloads and URLs are never copied.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ Message = Mapping[str, Any]
 
 ROLE_TAGS = frozenset({"system", "developer", "user", "assistant"})
 BUDGET_TOO_SMALL = "budget must be at least 1 token, not {budget!r}."
+SEQS_MISMATCH = "{seqs} seqs for {messages} messages."
 CHARACTER_OVER_BUDGET = "a single character costs more than the budget of {budget} tokens."
 
 
@@ -88,35 +91,40 @@ def _requested_name(request: Message, call_id: object) -> str | None:
     return None
 
 
-def _blocks(messages: Sequence[Message]) -> list[str]:
-    """Each message as one tagged block."""
+def _blocks(messages: Sequence[Message], seqs: Sequence[int] | None = None) -> list[str]:
+    """Each message as one tagged block, with its seq (``seqs[i]`` for ``messages[i]``)
+    when given."""
+    if seqs is not None and len(seqs) != len(messages):
+        raise ValueError(SEQS_MISMATCH.format(seqs=len(seqs), messages=len(messages)))
     requests = pair_tool_results(messages)
     blocks = []
     for index, message in enumerate(messages):
         role = message.get("role")
         text = content_text(message.get("content"))
+        seq = seqs[index] if seqs is not None else None
         if role == "tool":
             call_id = message.get("tool_call_id")
             request = requests.get(index)
             name = None
             if request is not None:
                 name = _requested_name(messages[request], call_id)
-            attributes = _attributes(id=call_id, name=name or message.get("name"))
+            attributes = _attributes(seq=seq, id=call_id, name=name or message.get("name"))
             blocks.append(f"<tool-result{attributes}>{text}</tool-result>")
         elif role in ROLE_TAGS:
             if role == "assistant":
                 text += "".join(_tool_call(call) for call in message.get("tool_calls") or ())
-            attributes = _attributes(name=message.get("name"))
+            attributes = _attributes(seq=seq, name=message.get("name"))
             blocks.append(f"<{role}{attributes}>{text}</{role}>")
         else:
-            attributes = _attributes(role=role, name=message.get("name"))
+            attributes = _attributes(seq=seq, role=role, name=message.get("name"))
             blocks.append(f"<message{attributes}>{text}</message>")
     return blocks
 
 
-def format_messages(messages: Sequence[Message]) -> str:
-    """The messages as one text for the summarizer, one tagged block per message."""
-    return "\n".join(_blocks(messages))
+def format_messages(messages: Sequence[Message], *, seqs: Sequence[int] | None = None) -> str:
+    """The messages as one text for the summarizer, one tagged block per message; with
+    ``seqs``, each block names its message's seq (``<user seq="12">``)."""
+    return "\n".join(_blocks(messages, seqs))
 
 
 def with_summary_so_far(summary: str | None, history: str) -> str:
@@ -132,19 +140,23 @@ def with_summary_so_far(summary: str | None, history: str) -> str:
 
 
 def chunk_history(
-    messages: Sequence[Message], *, budget: int, count: Callable[[str], int]
+    messages: Sequence[Message],
+    *,
+    budget: int,
+    count: Callable[[str], int],
+    seqs: Sequence[int] | None = None,
 ) -> list[str]:
     """The formatted history split into chunks of at most ``budget`` tokens (per ``count``).
 
     For a history larger than the summarizer's input budget: each chunk is summarized in
     turn, each summary feeding the next. Chunks break between messages; a message too large
     for any chunk is cut into consecutive pieces, by lines and then by characters, so
-    nothing is dropped: ``"".join(chunks) == format_messages(messages)``. The newline
-    between two messages stays at the end of the earlier chunk.
+    nothing is dropped: ``"".join(chunks) == format_messages(messages, seqs=seqs)``. The
+    newline between two messages stays at the end of the earlier chunk.
     """
     if type(budget) is not int or budget < 1:
         raise ValueError(BUDGET_TOO_SMALL.format(budget=budget))
-    blocks = _blocks(messages)
+    blocks = _blocks(messages, seqs)
     segments: list[tuple[str, int]] = []
     for index, block in enumerate(blocks):
         if index < len(blocks) - 1:

@@ -42,8 +42,11 @@ class Conversation(models.Model):
     next_seq = models.PositiveIntegerField(default=0)
     message_count = models.PositiveIntegerField(default=0)
     active_message_count = models.PositiveIntegerField(default=0)
-    # Tokens of the active context's messages, the summary message included.
+    # Tokens of the active context's messages, the summary message and the facts block
+    # included.
     active_tokens = models.PositiveIntegerField(default=0)
+    # Tokens of the facts block alone (0: no block), part of active_tokens.
+    facts_tokens = models.PositiveIntegerField(default=0)
     # Bumped on every change of the conversation or its context (an ETag for clients).
     revision = models.PositiveIntegerField(default=0)
 
@@ -58,13 +61,23 @@ class Conversation(models.Model):
     turn_owner = models.CharField(max_length=64, blank=True, default="")
     turn_started_at = models.DateTimeField(null=True, blank=True)
     chat_calls = models.PositiveIntegerField(default=0)
+    # What the conversation is about, in the owner's terms (a customer id, say): the facts of
+    # a subject (Fact.subject) are shared by all of the owner's conversations naming it.
+    subject = models.CharField(max_length=200, blank=True, default="")
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["owner", "-created_at"], name="ctxsum_conv_owner_created")]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="ctxsum_conv_owner_created"),
+            models.Index(
+                fields=["owner", "subject"],
+                condition=~Q(subject=""),
+                name="ctxsum_conv_owner_subject",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.title or str(self.id)
@@ -237,6 +250,9 @@ class Summary(models.Model):
     # share present (NULL when there were none, or not checked).
     coverage = models.FloatField(null=True, blank=True)
     coverage_facts = models.JSONField(null=True, blank=True)
+    # Why the key facts of the summarizer's answer were not merged (unparseable, a backend
+    # that returns none, …); blank when they were.
+    facts_skipped = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = SummaryQuerySet.as_manager()
@@ -407,3 +423,120 @@ class ChatCallDay(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id} {self.day}: {self.calls}"
+
+
+class Fact(models.Model):
+    """A key fact beside the summary: a conversation's own, or a subject's (``conversation``
+    NULL), shared by all of the owner's conversations that name the subject.
+
+    The summarizer writes facts; a person may add, edit, pin or delete them. The model never
+    overwrites a person's edit or a pinned fact: what it would write instead is kept in
+    ``proposed_value``.
+    """
+
+    class ChangedBy(models.TextChoices):
+        MODEL = "model"
+        PERSON = "person"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ctxsum_facts"
+    )
+    conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.CASCADE, related_name="facts"
+    )
+    subject = models.CharField(max_length=200, blank=True, default="")
+    key = models.CharField(max_length=200)
+    value = models.TextField()
+    # The messages the fact came from: seqs of ``source_conversation`` (for a subject's fact,
+    # the conversation whose compaction wrote it).
+    source_seqs = models.JSONField(default=list, blank=True)
+    source_conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # The summary version that wrote the value or last changed it (NULL: a person's fact).
+    summary = models.ForeignKey(
+        Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="facts"
+    )
+    pinned = models.BooleanField(default=False)
+    changed_by = models.CharField(max_length=16, choices=ChangedBy.choices, default=ChangedBy.MODEL)
+    changed_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    # A change the model proposed for a fact it may not overwrite, and the version that did.
+    proposed_value = models.TextField(blank=True, default="")
+    proposed_by = models.ForeignKey(
+        Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Tokens of the fact's line in the context's facts block.
+    token_count = models.PositiveIntegerField(default=0)
+    # Last written or confirmed (by the model, or a person): the facts block keeps pinned
+    # facts first, then the most recently confirmed.
+    confirmed_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-pinned", "-confirmed_at", "key"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(conversation__isnull=False, subject="")
+                    | (Q(conversation__isnull=True) & ~Q(subject=""))
+                ),
+                name="ctxsum_fact_conversation_or_subject",
+            ),
+            models.UniqueConstraint(
+                fields=["conversation", "key"],
+                condition=Q(conversation__isnull=False),
+                name="ctxsum_fact_conversation_key_uniq",
+            ),
+            models.UniqueConstraint(
+                fields=["owner", "subject", "key"],
+                condition=Q(conversation__isnull=True),
+                name="ctxsum_fact_subject_key_uniq",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.value}"
+
+
+class FactChange(models.Model):
+    """One write of the summarizer to a fact, with the fact as it was before: what reverting
+    that summary version undoes (unless a person has edited or pinned the fact since)."""
+
+    class Kind(models.TextChoices):
+        CREATED = "created"  # a new key: the fact did not exist
+        UPDATED = "updated"  # a new value
+        CONFIRMED = "confirmed"  # the same value again: confirmed_at and source_seqs moved
+        PROPOSED = "proposed"  # a new value for a pinned or a person's fact, kept aside
+
+    fact = models.ForeignKey(Fact, on_delete=models.CASCADE, related_name="changes")
+    summary = models.ForeignKey(Summary, on_delete=models.CASCADE, related_name="fact_changes")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CREATED)
+    # The fact before the change; ``created`` when the change created it.
+    created = models.BooleanField(default=False)
+    old_value = models.TextField(blank=True, default="")
+    old_source_seqs = models.JSONField(default=list, blank=True)
+    old_source_conversation = models.ForeignKey(
+        Conversation, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    old_summary = models.ForeignKey(
+        Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    old_confirmed_at = models.DateTimeField(null=True, blank=True)
+    old_proposed_value = models.TextField(blank=True, default="")
+    old_proposed_by = models.ForeignKey(
+        Summary, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"{self.summary_id}: {self.fact_id}"

@@ -3,9 +3,10 @@
 
 Everything here works on the active context as it would be sent, in OpenAI chat format:
 an optional leading system/developer message, the active summary (a user message) if
-there is one, then the active messages. The pinned front (``history_start`` messages) is
-never archived; ``messages[start:cutoff]`` is what a compaction archives and replaces with
-a new summary; ``messages[cutoff:]`` is the tail kept verbatim.
+there is one, the key facts block (a user message) if there is one, then the active
+messages. The pinned front (``history_start`` messages) is never archived;
+``messages[start:cutoff]`` is what a compaction archives and replaces with a new summary;
+``messages[cutoff:]`` is the tail kept verbatim.
 """
 
 from __future__ import annotations
@@ -231,10 +232,11 @@ def pair_tool_results(messages: Sequence[Message]) -> dict[int, int | None]:
     return pairs
 
 
-def history_start(*, leading: bool, has_summary: bool) -> int:
+def history_start(*, leading: bool, has_summary: bool, has_facts: bool = False) -> int:
     """How many messages at the front are pinned: the leading system/developer message,
-    then the active summary. They are never archived; a new summary replaces the old one."""
-    return int(leading) + int(has_summary)
+    then the active summary, then the key facts block. They are never archived; a new
+    summary replaces the old one, and the facts block stays (its facts are merged)."""
+    return int(leading) + int(has_summary) + int(has_facts)
 
 
 def retention_cutoff(tokens: Sequence[int], *, start: int, keep: Keep) -> int:
@@ -372,10 +374,13 @@ def plan_compaction(
     policy: Policy,
     force: bool = False,
     sizing: Sizing = Sizing(),
+    has_facts: bool = False,
 ) -> Plan:
     """Decide whether and where to compact the active context ``messages``.
 
-    ``tokens`` holds each message's token count. ``force`` ignores the trigger (a manual
+    ``tokens`` holds each message's token count. ``has_facts``: a key facts block follows
+    the summary (or the leading message); like the summary it is pinned, and a compacted
+    context keeps it at its current size. ``force`` ignores the trigger (a manual
     compaction) but still honours the pinned front, retention and tool boundaries.
 
     Retention's ``keep`` is the most that stays verbatim. When keeping it would leave the
@@ -388,7 +393,12 @@ def plan_compaction(
     if len(tokens) != count:
         raise ValueError(f"{len(tokens)} token counts for {count} messages.")
     estimate = _Estimates(
-        tokens, leading=leading, has_summary=has_summary, policy=policy, sizing=sizing
+        tokens,
+        leading=leading,
+        has_summary=has_summary,
+        has_facts=has_facts,
+        policy=policy,
+        sizing=sizing,
     )
     start = estimate.start
     if start > count:
@@ -433,12 +443,17 @@ class _Estimates:
         *,
         leading: bool,
         has_summary: bool,
+        has_facts: bool,
         policy: Policy,
         sizing: Sizing,
     ) -> None:
         self.tokens, self.leading, self.policy, self.sizing = tokens, leading, policy, sizing
         self.count = count = len(tokens)
-        self.start = start = history_start(leading=leading, has_summary=has_summary)
+        self.start = start = history_start(
+            leading=leading, has_summary=has_summary, has_facts=has_facts
+        )
+        # The facts block, kept as it is by a compaction.
+        self.facts = list(tokens[start - 1 : start]) if has_facts else []
         self.tokens_before = context_tokens(tokens)
         self.goal = _goal_tokens(policy, sizing.target_ratio)
         # The budget is for summary text: the previous summary counts without the framing
@@ -479,8 +494,8 @@ class _Estimates:
         )
         pinned = self.tokens[: int(self.leading)]
         summary = budget + self.sizing.summary_overhead
-        count_after = int(self.leading) + 1 + (self.count - cutoff)
-        tokens_after = context_tokens([*pinned, summary, *self.tokens[cutoff:]])
+        count_after = int(self.leading) + 1 + len(self.facts) + (self.count - cutoff)
+        tokens_after = context_tokens([*pinned, summary, *self.facts, *self.tokens[cutoff:]])
         return self._plan(Reason.COMPACTED, cutoff, count_after, tokens_after, budget)
 
     def lands(self, plan: Plan) -> bool:

@@ -14,6 +14,7 @@ from ctxsum.models import (
     ChatTurn,
     CompactionAttempt,
     Conversation,
+    Fact,
     Message,
     Summary,
     SummaryQuerySet,
@@ -89,6 +90,23 @@ class ActiveContext:
     leading: bool
     messages: list[dict[str, Any]] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    # The key facts the facts block shows, in its order (empty: no block).
+    facts: list[Fact] = field(default_factory=list)
+
+    @property
+    def has_facts(self) -> bool:
+        return bool(self.facts)
+
+    @property
+    def facts_tokens(self) -> int:
+        """Tokens of the facts block (0: none)."""
+        return self.tokens[self.facts_index] if self.facts else 0
+
+    @property
+    def facts_index(self) -> int:
+        """Where the facts block stands (or would): after the leading message and the
+        summary."""
+        return int(self.leading) + int(self.summary is not None)
 
     @property
     def token_count(self) -> int:
@@ -111,8 +129,17 @@ class ActiveContext:
 
 
 def context_get(*, conversation: Conversation) -> ActiveContext:
-    """The active context: [leading system message] + [summary] + active messages in seq
-    order, in OpenAI format. Two queries however long the conversation is."""
+    """The active context: [leading system message] + [summary] + [key facts block] +
+    active messages in seq order, in OpenAI format. Three queries however long the
+    conversation is: the summary, the messages, the facts."""
+    # Imported here: ctxsum.services (the package) imports this module.
+    from ctxsum.services.fact_block import (
+        block_message,
+        block_tokens,
+        facts_candidates,
+        facts_chosen,
+    )
+
     # Not the summary's coverage check: cumulative, it grows with the conversation (to
     # hundreds of kB), and only a compaction writing the next version reads it.
     summary = (
@@ -133,6 +160,13 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
     if summary is not None:
         context.messages.append(summary_message(summary.text))
         context.tokens.append(summary.token_count)
+    # Read whatever the instance says of facts_tokens: the instance may be older than
+    # the row, the facts are not.
+    model = conversation.model or None
+    context.facts = facts_chosen(facts_candidates(conversation), model=model)
+    if context.facts:
+        context.messages.append(block_message(context.facts))
+        context.tokens.append(block_tokens(context.facts, model=model))
     for row in rows[len(pinned) :]:
         context.messages.append(row.as_openai())
         context.tokens.append(row.token_count)

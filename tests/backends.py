@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ctxsum.summarizers.base import Summarizer
+from ctxsum.fact_parse import ProposedFact
+from ctxsum.summarizers.base import Summarizer, SummaryAnswer
 
 
 class HookSummarizer(Summarizer):
@@ -42,3 +43,23 @@ class ReplySummarizer(Summarizer):
 
     def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
         return type(self).reply
+
+
+class FactsHookSummarizer(Summarizer):
+    """Answers ``reply`` with the key facts ``facts`` (``ProposedFact``s, set by the test)
+    and runs ``during`` inside the call, as HookSummarizer does."""
+
+    requires_network = False
+    deterministic = True
+    reply = "A summary."
+    facts: tuple[ProposedFact, ...] = ()
+    during: Callable[[], None] | None = None
+
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
+        return self.answer(prompt=prompt, history=history, model=model, budget=budget).summary
+
+    def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        hook, type(self).during = type(self).during, None
+        if hook is not None:
+            hook()
+        return SummaryAnswer(summary=type(self).reply, facts=type(self).facts)

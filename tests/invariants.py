@@ -7,7 +7,11 @@ conversation, its rows and its summaries, and asserts (with messages that say wh
 (a) the active context (``context_get``) starts with the leading system/developer message
     when the conversation has one;
 (b) it holds at most one summary message: the active summary, as a user message starting
-    with ``SUMMARY_PREFIX``, right after the leading message (or first);
+    with ``SUMMARY_PREFIX``, right after the leading message (or first); then at most one
+    key facts block: the facts ``facts_chosen`` picks of those the conversation shows (the
+    first ``candidates_limit()`` in block order), as the user message ``block_message``
+    makes of them, right after the summary (or the
+    leading message, or first), with ``block_tokens`` of them, equal to ``facts_tokens``;
 (c) it ends with the newest original messages verbatim: every active non-leading row, in seq
     order (``as_openai()``), is the context's tail, and no archived row is newer than an
     active one. With ``original_messages`` (every message appended, in append order, in the
@@ -28,7 +32,8 @@ conversation, its rows and its summaries, and asserts (with messages that say wh
     active summary iff a row is archived, and it is the newest one not reverted, never
     superseded; every summary names its prompt version, prompt SHA-256 (64 hex) and model,
     with from_seq <= to_seq; the counters (active_message_count, active_tokens with the
-    active summary, message_count, next_seq) equal the sums over the rows.
+    active summary and the facts block, facts_tokens, message_count, next_seq) equal the
+    sums over the rows.
 
 A plain function so any test can call it after any step; it reads, never writes.
 """
@@ -41,9 +46,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import Conversation, Message, Summary
+from ctxsum.models import Conversation, Fact, Message, Summary
 from ctxsum.policy import LEADING_ROLES
 from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
+from ctxsum.services.fact_block import (
+    block_message,
+    block_order,
+    block_tokens,
+    candidates_limit,
+    facts_chosen,
+    facts_visible,
+)
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -60,7 +73,12 @@ class _State:
     leading: Message | None  # the current leading system/developer message
     active: list[Message]  # active non-leading rows, by seq
     archived: list[Message]  # archived rows, by seq
+    facts: list[Fact]  # what the facts block should show, in its order
     active_summary: Summary | None = None
+
+    @property
+    def facts_tokens(self) -> int:
+        return block_tokens(self.facts, model=self.conversation.model or None)
 
     @property
     def chain(self) -> list[Summary]:
@@ -91,6 +109,7 @@ def _load(conversation: Conversation) -> _State:
     label = f"conversation {conversation.pk}"
     assert len(leading_rows) <= 1, f"{label}: {len(leading_rows)} current leading messages"
     body = [row for row in rows if not row.is_leading]
+    model = conversation.model or None
     return _State(
         label=label,
         conversation=conversation,
@@ -105,6 +124,11 @@ def _load(conversation: Conversation) -> _State:
         leading=leading_rows[0] if leading_rows else None,
         active=[row for row in body if row.summary_id is None],
         archived=[row for row in body if row.summary_id is not None],
+        # Every fact it shows, in block order, as many as a block may be chosen from.
+        facts=facts_chosen(
+            sorted(facts_visible(conversation), key=block_order)[: candidates_limit()],
+            model=model,
+        ),
     )
 
 
@@ -243,22 +267,42 @@ def _check_archived_ranges(state: _State) -> None:
 
 
 def _tail_start(state: _State) -> int:
-    return int(state.leading is not None) + int(state.active_summary is not None)
+    return (
+        int(state.leading is not None)
+        + int(state.active_summary is not None)
+        + int(bool(state.facts))
+    )
 
 
 def _check_context_shape(state: _State) -> None:
-    """(a) leading message first, (b) then the one summary message, (c) then every active
-    non-leading row verbatim, in seq order: nothing else."""
+    """(a) leading message first, (b) then the one summary message, then the one facts
+    block, (c) then every active non-leading row verbatim, in seq order: nothing else."""
     label, messages = state.label, state.context.messages
     expected = [
         *([state.leading.as_openai()] if state.leading else []),
         *([summary_message(state.active_summary.text)] if state.active_summary else []),
+        *([block_message(state.facts)] if state.facts else []),
         *[row.as_openai() for row in state.active],
     ]
     assert len(messages) == len(expected), (
         f"{label}: the context has {len(messages)} messages, expected {len(expected)} "
         f"(leading {int(state.leading is not None)}, "
-        f"summary {int(state.active_summary is not None)}, active {len(state.active)})"
+        f"summary {int(state.active_summary is not None)}, facts {int(bool(state.facts))}, "
+        f"active {len(state.active)})"
+    )
+    position = int(state.leading is not None) + int(state.active_summary is not None)
+    if state.facts:
+        assert messages[position] == expected[position], (
+            f"{label}: context[{position}] is {messages[position]!r}, not the facts block "
+            f"{expected[position]!r}"
+        )
+        assert state.context.tokens[position] == state.facts_tokens, (
+            f"{label}: the facts block counts {state.context.tokens[position]} tokens in the "
+            f"context, {state.facts_tokens} as a message"
+        )
+    assert [fact.pk for fact in state.context.facts] == [fact.pk for fact in state.facts], (
+        f"{label}: context_get shows facts {[fact.key for fact in state.context.facts]}, "
+        f"the block's choice is {[fact.key for fact in state.facts]}"
     )
     if state.leading is not None:
         assert messages[0] == expected[0], (
@@ -329,10 +373,16 @@ def _check_counters(state: _State) -> None:
         f"but {len(in_context)} messages are active"
     )
     summary_tokens = state.active_summary.token_count if state.active_summary else 0
-    expected_tokens = sum(row.token_count for row in in_context) + summary_tokens
+    assert conversation.facts_tokens == state.facts_tokens, (
+        f"{label}: facts_tokens {conversation.facts_tokens}, the facts block it shows counts "
+        f"{state.facts_tokens}"
+    )
+    expected_tokens = (
+        sum(row.token_count for row in in_context) + summary_tokens + state.facts_tokens
+    )
     assert conversation.active_tokens == expected_tokens, (
-        f"{label}: active_tokens {conversation.active_tokens}, the rows and the active "
-        f"summary add up to {expected_tokens}"
+        f"{label}: active_tokens {conversation.active_tokens}, the rows, the active "
+        f"summary and the facts block add up to {expected_tokens}"
     )
     assert sum(state.context.tokens) == expected_tokens, (
         f"{label}: context_get counts {sum(state.context.tokens)} tokens, the rows "

@@ -14,6 +14,13 @@ records every request. Set ``mode`` to choose the answer:
 - ``"text"``: 200, ``Content-Type: text/plain``, a body that is not JSON;
 - ``"no_choices"``: a chat.completion with ``choices: []``.
 
+Key facts beside the summary (the summarizer's ``facts_format``): a request with
+``response_format`` of type ``json_schema`` is answered with the JSON object it asks for,
+``{"summary": …, "facts": facts}`` (``facts`` defaults to ``[]``); a request without it,
+with the summary followed by ``<facts>`` facts ``</facts>`` when ``facts`` is set. A
+``facts`` that is a ``str`` goes in as it is (malformed JSON, say). ``reply`` is the summary
+then; without ``facts``, ``reply`` is the whole content, as ever.
+
 For the chat turn's tests, on top of the mode:
 
 - ``script``: a list of per-request answers taken in order, each a dict with any of
@@ -62,6 +69,7 @@ class FakeOpenAI:
         self.script: list[dict[str, Any]] = []
         self.model_status: dict[str, int] = {}
         self.tool_calls: list[dict[str, Any]] | None = None
+        self.facts: Any = None
         self.cached_tokens: int | None = None
         self.stream_pieces = 3
         self.drop_after: int | None = None
@@ -113,7 +121,7 @@ class FakeOpenAI:
         self.mode, self.reply, self.error_status = "ok", None, 500
         self.finish_reason = "stop"
         self.script, self.model_status = [], {}
-        self.tool_calls = self.cached_tokens = self.drop_after = None
+        self.tool_calls = self.cached_tokens = self.drop_after = self.facts = None
 
     @property
     def bodies(self) -> list[dict[str, Any]]:
@@ -197,7 +205,15 @@ class FakeOpenAI:
         if tool_calls:
             return None, tool_calls
         reply = plan.get("reply", self.reply)
-        content = reply if reply is not None else fake_summary(_user_content(body))
+        facts = plan.get("facts", self.facts)
+        summary = reply if reply is not None else fake_summary(_user_content(body))
+        if _structured(body) and (facts is not None or reply is None):
+            content = _json_answer(summary, [] if facts is None else facts)
+        elif facts is not None:
+            listed = facts if isinstance(facts, str) else json.dumps(facts)
+            content = f"{summary}\n<facts>{listed}</facts>"
+        else:
+            content = summary
         return {"blank": "", "null": None}.get(self.mode, content), None
 
     def _usage(self, body: Any, content: Any, tool_calls: Any) -> dict[str, Any]:
@@ -377,6 +393,18 @@ def _pieces(text: str, count: int) -> list[str]:
 
 def _json(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+def _structured(body: Any) -> bool:
+    """Whether the request asks for structured output (``response_format`` json_schema)."""
+    response_format = body.get("response_format") if isinstance(body, dict) else None
+    return isinstance(response_format, dict) and response_format.get("type") == "json_schema"
+
+
+def _json_answer(summary: str, facts: Any) -> str:
+    """The structured answer: the summary and the facts (a ``str`` goes in as it is)."""
+    listed = facts if isinstance(facts, str) else json.dumps(facts)
+    return f'{{"summary": {json.dumps(summary)}, "facts": {listed}}}'
 
 
 def _messages(body: Any) -> list[dict[str, Any]]:

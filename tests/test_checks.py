@@ -266,3 +266,19 @@ def test_good_chat_settings_and_a_short_turn_lock() -> None:
     }
     assert ctxsum_ids(**good) == []
     assert ctxsum_ids(CHAT_TIMEOUT=120, CHAT_TURN_SECONDS=60) == ["ctxsum.W005"]
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "500", True, None])
+def test_facts_max_tokens_must_be_a_whole_number_of_zero_or_more(value: Any) -> None:
+    assert ctxsum_ids(FACTS_MAX_TOKENS=value) == ["ctxsum.E005"]
+
+
+def test_no_facts_block_is_a_valid_setting() -> None:
+    assert ctxsum_ids(FACTS_MAX_TOKENS=0) == []
+
+
+def test_the_openai_facts_format_is_checked() -> None:
+    options = {"api_key": "k", "facts_format": "yaml"}
+    assert ctxsum_ids(
+        SUMMARIZER="ctxsum.summarizers.openai.OpenAISummarizer", SUMMARIZER_OPTIONS=options
+    ) == ["ctxsum.E012"]

@@ -85,7 +85,7 @@ def _context_sql(conversation: Conversation) -> str:
     """The SQL of the context's read of its messages."""
     with CaptureQueriesContext(connection) as queries:
         selectors.context_get(conversation=conversation)
-    assert len(queries) == 2  # the summary, then the active messages
+    assert len(queries) == 3  # the summary, the active messages, the key facts
     return queries.captured_queries[1]["sql"]
 
 

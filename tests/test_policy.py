@@ -216,6 +216,45 @@ def test_system_message_and_summary_are_never_archived() -> None:
     assert plan.tokens_after == 500 + plan.summary_budget + 10 + REPLY_PRIMING
 
 
+def test_the_facts_block_is_pinned_after_the_summary() -> None:
+    assert history_start(leading=True, has_summary=True, has_facts=True) == 3
+    assert history_start(leading=False, has_summary=False, has_facts=True) == 1
+    block = user_message("Key facts (kept beside the summary; pinned first):\n- a: b")
+    pinned = [system_message(), summary(), block]
+    messages = [*pinned, *turns(8)]
+    tokens = [500, 300, 40, *[10] * 8]
+    plan = plan_compaction(
+        messages,
+        tokens,
+        leading=True,
+        has_summary=True,
+        has_facts=True,
+        policy=policy({"messages": 6}, {"messages": 1}),
+    )
+    assert plan.compacts and plan.start == 3 and plan.cutoff == 10
+    assert all(message not in pinned for message in messages[plan.start : plan.cutoff])
+    # The block stays at its size: system, the new summary, the block, one kept message.
+    assert plan.message_count_after == 4
+    assert plan.summary_budget == 300 + 7 * 10 // 2
+    assert plan.tokens_after == 500 + plan.summary_budget + 40 + 10 + REPLY_PRIMING
+
+
+def test_a_facts_block_without_a_summary_is_pinned_too() -> None:
+    block = user_message("Key facts (kept beside the summary; pinned first):\n- a: b")
+    messages = [block, *turns(6)]
+    plan = plan_compaction(
+        messages,
+        [40, *[10] * 6],
+        leading=False,
+        has_summary=False,
+        has_facts=True,
+        policy=policy({"messages": 6}, {"messages": 2}),
+    )
+    assert plan.compacts and plan.start == 1 and plan.cutoff == 5
+    assert plan.message_count_after == 1 + 1 + 2  # the new summary, the block, two kept
+    assert plan.tokens_after == plan.summary_budget + 40 + 20 + REPLY_PRIMING
+
+
 # --- tool boundary ---------------------------------------------------------------------
 
 

@@ -22,8 +22,8 @@ APPEND_QUERIES = 4
 # A tool result also looks its request up in the tool-call index; a tool call inserts it.
 APPEND_TOOL_RESULT_QUERIES = APPEND_QUERIES + 1
 APPEND_TOOL_CALL_QUERIES = APPEND_QUERIES + 1
-# The active summary, then the active messages.
-CONTEXT_QUERIES = 2
+# The active summary, the active messages, the key facts (the facts block).
+CONTEXT_QUERIES = 3
 # Over REST, the owner-scoped lookup of the conversation comes first.
 REST_LOOKUP = 1
 # Transcript page: the lookup, the paginator's COUNT, the page.
@@ -109,7 +109,7 @@ def test_rest_transcript_page(api, conversation, django_assert_num_queries) -> N
     assert response.json()["count"] == conversation.message_count
 
 
-# Detail: the lookup, the context (2), the stats (archived totals, active summary, summary
+# Detail: the lookup, the context (3), the stats (archived totals, active summary, summary
 # count, compaction count, chat usage).
 DETAIL_QUERIES = REST_LOOKUP + CONTEXT_QUERIES + 5
 

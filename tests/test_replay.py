@@ -246,8 +246,9 @@ def test_one_shot_compactions_take_the_same_queries_whatever_their_size(user, of
         by_kind[row["kind"]].add(row["queries"])
         assert row["summary_tokens"] < row["summarizer_input_tokens"]
     assert all(len(queries) == 1 for queries in by_kind.values()), by_kind
-    # The range holding tool calls costs one EXISTS more, whatever its length.
-    assert by_kind["first, tool calls archived"]
+    # The range holding tool calls costs one EXISTS more, whatever its length; the key
+    # facts merged cost the same few statements however many there are (facts_kind).
+    assert any(kind.startswith("first, tool calls archived") for kind in by_kind), by_kind
 
 
 @pytest.mark.django_db
@@ -266,10 +267,12 @@ def test_the_stored_model_is_the_one_sent(user, offline, settings):
 
 
 @pytest.mark.django_db
-def test_summaries_that_are_no_smaller_are_skipped_as_no_gain(user, verbose):
+def test_summaries_that_are_no_smaller_are_skipped_as_no_gain(user, verbose, settings):
     """Every summary is larger than what it would replace: nothing is compacted, each
     range goes to the summarizer once (a range that has not grown is not sent again), and
     the context never costs more than the full history."""
+    # Room for the whole run in one call, so one call is one range sent.
+    settings.CTXSUM = {**settings.CTXSUM, "SUMMARY_INPUT_BUDGET": 48000}
     subset = [looping_run(), long_chats()[0]]
     stats = replay_all(subset, user)
     assert stats.compactions == 0

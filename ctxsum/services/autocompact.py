@@ -74,10 +74,12 @@ def compaction_due(conversation: Conversation) -> tuple[bool, bool]:
     """From the row's counters alone: whether the context reaches its trigger or exceeds its
     ceiling, and whether it exceeds the ceiling. The message count takes a summary in the
     context whenever a message left it (archived, or a replaced system prompt): at worst a
-    task that finds the trigger not reached."""
+    task that finds the trigger not reached; and the facts block, when there is one. The
+    tokens count both (``active_tokens``)."""
     policy = conversation_policy(conversation)
     count = conversation.active_message_count
     count += conversation.message_count > conversation.active_message_count
+    count += conversation.facts_tokens > 0
     tokens = conversation.context_tokens
     ceiling = policy.max_context_tokens
     over_ceiling = ceiling is not None and tokens > ceiling

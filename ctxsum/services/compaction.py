@@ -23,6 +23,7 @@ from ctxsum.exceptions import SummarizerError, SummaryTruncated
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Plan, Policy, Reason, Sizing, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
+from ctxsum.services.fact_merge import facts_commit, facts_lock
 from ctxsum.services.leases import (
     LeaseLost,
     lease_lock,
@@ -135,11 +136,13 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
         context.tokens,
         leading=context.leading,
         has_summary=context.summary is not None,
+        has_facts=context.has_facts,
         policy=policy,
         force=force,
         sizing=sizing,
     )
-    # The context is [leading row] + [summary] + rows; plan.start skips exactly those pinned.
+    # The context is [leading row] + [summary] + [facts] + rows; plan.start skips exactly
+    # those pinned.
     first = int(context.leading)
     archived = context.rows[first : first + plan.cutoff - plan.start] if plan.compacts else []
     return _Run(context=context, plan=plan, policy=policy, archived=archived, force=force, db=db)
@@ -200,10 +203,14 @@ def _compact_leased(run: _Run, token: str) -> CompactionResult:
     )
 
 
-def _check_gain(run: _Run, written: Written) -> None:
+def _replaced(run: _Run) -> int:
+    """Tokens of what the new summary replaces: the archived messages and the old summary."""
     replaced = sum(row.token_count for row in run.archived)
-    replaced += run.context.summary.token_count if run.context.summary else 0
-    if written.token_count >= replaced:
+    return replaced + (run.context.summary.token_count if run.context.summary else 0)
+
+
+def _check_gain(run: _Run, written: Written) -> None:
+    if written.token_count >= _replaced(run):
         raise _NoGain
 
 
@@ -213,12 +220,23 @@ def _commit(
     """Insert the summary and archive the covered messages, if the snapshot still holds."""
     previous, archived = run.context.summary, run.archived
     with transaction.atomic(using=run.db):
+        # A subject's conversations first, in pk order, this one among them (fact_merge).
+        shown = facts_lock(run.conversation, db=run.db)
         locked = _lock_snapshot(run, token)
         first = previous.from_seq if previous else archived[0].seq
         summary = summary_insert(
             locked, previous, written, checked, from_seq=first, to_seq=archived[-1].seq
         )
         _archive(locked, summary, archived)
+        facts_commit(
+            locked=locked,
+            shown=shown,
+            subject=run.conversation.subject,
+            summary=summary,
+            facts=written.facts,
+            # The context must still shrink, the facts block included.
+            room=_replaced(run) - written.token_count - 1,
+        )
         _move_counters(locked, previous, summary, archived)
         attempt = CompactionAttempt.objects.using(run.db).create(
             conversation=locked,
@@ -306,6 +324,7 @@ def summary_insert(
         origin=origin,
         coverage=checked.ratio,
         coverage_facts=checked.as_json(),
+        facts_skipped=written.facts_skipped,
     )
 
 
@@ -332,6 +351,7 @@ def _archive(locked: Conversation, summary: Summary, archived: list[Message]) ->
 COMMIT_FIELDS = (
     "active_message_count",
     "active_tokens",
+    "facts_tokens",
     "revision",
     "lease_owner",
     "leased_at",
@@ -342,8 +362,8 @@ COMMIT_FIELDS = (
 def _move_counters(
     locked: Conversation, previous: Summary | None, summary: Summary, archived: list[Message]
 ) -> None:
-    """The new summary replaces the old one and the archived rows: counters, revision, and
-    the lease released in the same write."""
+    """The new summary replaces the old one and the archived rows: counters (the facts
+    block's, counted by the merge), revision, and the lease released in the same write."""
     archived_tokens = sum(row.token_count for row in archived)
     old_summary_tokens = previous.token_count if previous else 0
     locked.active_message_count -= len(archived)

@@ -19,6 +19,7 @@ from ctxsum.services.autocompact import (
     autocompact_schedule,
     conversation_autocompact,
 )
+from ctxsum.services.fact_block import facts_count
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
 from ctxsum.validation import NOT_A_STRING, unstorable
@@ -90,12 +91,16 @@ def conversation_create(
     keep: Mapping[str, int] | None = None,
     max_context_tokens: int | None = None,
     messages: Sequence[Any] | None = None,
+    subject: str = "",
 ) -> Conversation:
     """Create a conversation, with its system prompt and first messages if given, in one
     transaction: all or nothing. With AUTO_COMPACT, first messages that reach the trigger
     are compacted as after any append (a task enqueued once the creation commits); a
-    compaction's failure never undoes the creation."""
-    fields_clean(title=title, model=model, metadata={} if metadata is None else metadata)
+    compaction's failure never undoes the creation. A ``subject`` the owner's facts know
+    already brings its key facts block into the context from the start."""
+    fields_clean(
+        title=title, model=model, metadata={} if metadata is None else metadata, subject=subject
+    )
     policy_clean(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     first = messages[0] if isinstance(messages, list | tuple) and messages else None
     leading: list[dict[str, Any]] = []
@@ -111,6 +116,7 @@ def conversation_create(
         trigger=trigger,
         keep=keep,
         max_context_tokens=max_context_tokens,
+        subject=subject,
     )
     # The client's messages are checked on their own, so errors carry the indices it sent.
     cleaned = messages_clean(messages) if messages not in (None, [], ()) else []
@@ -121,11 +127,24 @@ def conversation_create(
         conversation.save(using=db)
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
+        if subject and _count_facts_block(conversation):
+            conversation.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
         # First messages are an append too: AUTO_COMPACT applies once they have committed.
         if cleaned:
             schedule = autocompact_schedule(conversation)
     conversation_autocompact(conversation=conversation, schedule=schedule)
     return conversation
+
+
+def _count_facts_block(conversation: Conversation) -> bool:
+    """Count the conversation's facts block into its counters (not saved); whether it
+    changed. Its own row lock is enough: the block only reads the subject's facts."""
+    count = facts_count(conversation)
+    if count == conversation.facts_tokens:
+        return False
+    conversation.active_tokens += count - conversation.facts_tokens
+    conversation.facts_tokens = count
+    return True
 
 
 def _replace_system(conversation: Conversation, system: str) -> bool:
@@ -160,9 +179,11 @@ def conversation_update(
     trigger: Mapping[str, int] | Unset | None = UNSET,
     keep: Mapping[str, int] | Unset | None = UNSET,
     max_context_tokens: int | Unset | None = UNSET,
+    subject: str | Unset = UNSET,
 ) -> Conversation:
-    """Change what is given: title, metadata, model, policy overrides (None resets one to
-    the settings' default), or replace the system prompt.
+    """Change what is given: title, metadata, model, subject (the facts block then shows
+    the new subject's facts), policy overrides (None resets one to the settings'
+    default), or replace the system prompt.
 
     Bumps ``revision`` when anything changed and saves only the columns that changed; a
     request that changes nothing writes nothing. ``conversation`` is brought up to date
@@ -177,10 +198,12 @@ def conversation_update(
             "trigger": trigger,
             "keep": keep,
             "max_context_tokens": max_context_tokens,
+            "subject": subject,
         }.items()
         if value is not UNSET
     }
-    fields_clean(**{name: given[name] for name in ("title", "model", "metadata") if name in given})
+    cleaned_fields = ("title", "model", "metadata", "subject")
+    fields_clean(**{name: given[name] for name in cleaned_fields if name in given})
     db = write_db(conversation)
     with transaction.atomic(using=db):
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
@@ -193,6 +216,8 @@ def conversation_update(
             setattr(locked, name, given[name])
         # _replace_system saves the counters and moves revision itself.
         replaced = system is not UNSET and _replace_system(locked, system)
+        if "subject" in changed and _count_facts_block(locked):
+            changed += ["facts_tokens", "active_tokens"]
         if changed:
             locked.revision += int(not replaced)
             locked.save(update_fields=[*changed, "revision", "updated_at"])

@@ -29,6 +29,7 @@ from ctxsum.services.compaction import (
     failure_reason,
     summary_insert,
 )
+from ctxsum.services.fact_merge import facts_commit, facts_lock
 from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_renew, lease_take
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import write_db
@@ -120,6 +121,8 @@ def _commit(
     db: str,
 ) -> Summary:
     with transaction.atomic(using=db):
+        # A subject's conversations first, in pk order, this one among them (fact_merge).
+        shown = facts_lock(conversation, db=db)
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, previous):
             raise LeaseLost  # a compaction committed meanwhile: this rebuild is out of date
@@ -133,11 +136,27 @@ def _commit(
             origin=Summary.Origin.REBUILD,
         )
         before = locked.context_tokens
+        facts_commit(
+            locked=locked,
+            shown=shown,
+            subject=conversation.subject,
+            summary=summary,
+            facts=written.facts,
+            # The context must not grow: the block may take what the summary gave back.
+            room=max(previous.token_count - summary.token_count, 0),
+        )
         locked.active_tokens += summary.token_count - previous.token_count
         locked.revision += 1
         locked.lease_owner, locked.leased_at = "", None
         locked.save(
-            update_fields=["active_tokens", "revision", "lease_owner", "leased_at", "updated_at"]
+            update_fields=[
+                "active_tokens",
+                "facts_tokens",
+                "revision",
+                "lease_owner",
+                "leased_at",
+                "updated_at",
+            ]
         )
         CompactionAttempt.objects.using(db).create(
             conversation=locked,

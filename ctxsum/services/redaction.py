@@ -3,7 +3,8 @@
 The content becomes the redaction marker, a tool call keeps its id and name but loses its
 arguments, the provider extras are dropped; ``seq`` stays, tokens and counters are
 recounted, and every summary covering the message is marked stale, so a rebuild
-(services/rebuild.py) writes a summary that no longer holds the redacted text.
+(services/rebuild.py) writes a summary that no longer holds the redacted text. The key
+facts the model took from the message are deleted (services/fact_merge.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from django.utils import timezone
 
 from ctxsum import tokens
 from ctxsum.models import Conversation, Message, Summary
+from ctxsum.services.fact_merge import facts_forget, facts_lock
 from ctxsum.services.transactions import write_db
 
 REDACTED = "[redacted]"
@@ -40,10 +42,16 @@ def message_redact(*, conversation: Conversation, seq: int) -> Message:
     """
     db = write_db(conversation)
     with transaction.atomic(using=db):
+        # A subject's conversations first, in pk order, this one among them (fact_merge).
+        shown = facts_lock(conversation, db=db)
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
         message = Message.objects.using(db).get(conversation=locked, seq=seq)
         if message.redacted_at is None:
             _redact(locked, message)
+            block = locked.facts_tokens
+            facts_forget(locked=locked, shown=shown, subject=conversation.subject, seq=seq)
+            if locked.facts_tokens != block:
+                locked.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
     conversation.update_from(locked)
     return message
 

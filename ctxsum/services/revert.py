@@ -4,8 +4,9 @@ before that summary was written, plus whatever was appended since.
 The version it extended (or none) is the active summary again; the messages it archived
 are active again, whole tool rounds as they were archived; the counters and ``revision``
 move; the reverted version stays in the history, marked ``reverted``, and archives
-nothing. Reverting a rebuild makes the version it superseded active again and restores no
-message (a rebuild archives none). Reverting again walks back one more version.
+nothing; the key facts it wrote are undone (services/fact_merge.py). Reverting a rebuild
+makes the version it superseded active again and restores no message (a rebuild archives
+none). Reverting again walks back one more version.
 
 No summarizer call, but the compaction's discipline all the same (docs/architecture.md,
 "Undo a compaction"): read what is active without a lock, take the compaction lease, then
@@ -25,6 +26,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
+from ctxsum.services.fact_merge import facts_lock, facts_revert
 from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_take
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import summary_reverted
@@ -106,6 +108,8 @@ def _commit(
     """Revert ``target`` if it is still the active summary; the row as it was left, the
     messages restored, and the attempt recorded."""
     with transaction.atomic(using=db):
+        # A subject's conversations first, in pk order, this one among them (fact_merge).
+        shown = facts_lock(conversation, db=db)
         # Filtered on the lease: a worker that took an abandoned lease over makes this lose.
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, target):
@@ -131,6 +135,8 @@ def _commit(
         locked.active_tokens += (
             restored_tokens - target.token_count + (previous.token_count if previous else 0)
         )
+        # The facts the version wrote go with it, unless a person took them over since.
+        facts_revert(locked=locked, shown=shown, subject=conversation.subject, target=target)
         locked.revision += 1
         locked.lease_owner, locked.leased_at = "", None
         locked.save(update_fields=COMMIT_FIELDS)  # what a compaction's commit moves
@@ -154,4 +160,3 @@ def _commit(
         )
         transaction.on_commit(send, using=db)
     return locked, restored, attempt
-

@@ -1,7 +1,8 @@
 """Writing a summary: what the summarizer is told, and how every archived message reaches it.
 
 No database writes here: the summarizer is called outside every transaction, and the
-compaction (services/compaction.py) commits what it wrote.
+compaction (services/compaction.py) commits what it wrote, with the key facts the same calls
+proposed (merged by services/fact_merge.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from dataclasses import dataclass
 
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum import coverage, formatting, tokens
+from ctxsum import coverage, fact_parse, formatting, tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
+from ctxsum.fact_parse import ProposedFact
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import summary_message
 from ctxsum.summarizers import get_summarizer
@@ -29,6 +31,8 @@ BUDGET_TOO_SMALL = _(
 )
 # Told to the model after the prompt: the summary's length budget for this compaction.
 LENGTH_BUDGET = "Keep the summary under {tokens} tokens (about {words} words)."
+# Before the reasons of a call when a summary took several.
+CHUNK_REASON = "Call {index} of {count}: {reason}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +45,10 @@ class Written:
     input_tokens: int
     output_tokens: int
     latency_ms: int
+    # The key facts the calls proposed, checked against the archived messages' seqs, and
+    # why any were skipped (Summary.facts_skipped).
+    facts: tuple[ProposedFact, ...] = ()
+    facts_skipped: str = ""
 
 
 def summary_model(conversation: Conversation) -> str:
@@ -48,10 +56,12 @@ def summary_model(conversation: Conversation) -> str:
     return ctxsum_settings.SUMMARY_MODEL or conversation.model or ctxsum_settings.DEFAULT_MODEL
 
 
-def summary_prompt(budget: int) -> str:
-    """The instruction a summarizer call gets: PROMPT, then this summary's length budget."""
+def summary_prompt(budget: int, facts_instruction: str = "") -> str:
+    """The instruction a summarizer call gets: PROMPT, what the backend needs to say about
+    key facts (``Summarizer.facts_instruction``), then this summary's length budget."""
     length = LENGTH_BUDGET.format(tokens=budget, words=budget * 3 // 4)
-    return f"{ctxsum_settings.PROMPT}\n\n{length}"
+    parts = [ctxsum_settings.PROMPT, facts_instruction, length]
+    return "\n\n".join(part for part in parts if part)
 
 
 def history_room(prompt: str, count: Callable[[str], int]) -> int:
@@ -76,7 +86,8 @@ def summary_write(
     """The new summary from ``previous`` plus ``archived``, in as many calls as the
     summarizer's input budget needs: every archived message reaches it. ``before_call`` runs
     before every call but the first (the compaction renews its lease there)."""
-    prompt = summary_prompt(budget)
+    summarizer, model = get_summarizer(), summary_model(conversation)
+    prompt = summary_prompt(budget, summarizer.facts_instruction())
 
     def count(text: str) -> int:
         return tokens.count_text(text, model=conversation.model or None)
@@ -84,24 +95,31 @@ def summary_write(
     room = history_room(prompt, count)
     if room < MIN_CHUNK_BUDGET:
         raise SummarizerError(BUDGET_TOO_SMALL.format(budget=room))
+    seqs = [row.seq for row in archived]
     chunks = formatting.chunk_history(
-        [row.as_openai() for row in archived], budget=room, count=count
+        [row.as_openai() for row in archived], budget=room, count=count, seqs=seqs
     )
-    summarizer, model = get_summarizer(), summary_model(conversation)
     text = previous.text if previous else None
+    facts: list[ProposedFact] = []
+    skipped: list[list[str]] = []  # per call
     input_tokens = output_tokens = 0
     started = time.monotonic()
     for index, chunk in enumerate(chunks):
         if index:
             before_call()
         history = formatting.with_summary_so_far(text, chunk)
-        answer = summarizer.summarize(prompt=prompt, history=history, model=model, budget=budget)
-        if not answer or not answer.strip():
+        answer = summarizer.answer(prompt=prompt, history=history, model=model, budget=budget)
+        if not answer.summary or not answer.summary.strip():
             raise SummarizerError(BLANK_SUMMARY)
-        text = answer.strip()
+        text = answer.summary.strip()
         input_tokens += count(prompt) + count(history)
         output_tokens += count(text)
+        # Facts may cite any message the summary covers; each call's later facts win.
+        checked = fact_parse.facts_checked(answer.facts, allowed_seqs=set(seqs))
+        facts.extend(checked.facts)
+        skipped.append([*answer.facts_skipped, *checked.skipped])
     assert text is not None  # chunk_history returns at least one chunk for a non-empty list
+    merged = fact_parse.facts_checked(facts, allowed_seqs=set(seqs))
     return Written(
         text=text,
         model=model,
@@ -109,7 +127,25 @@ def summary_write(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         latency_ms=int((time.monotonic() - started) * 1000),
+        facts=merged.facts,
+        facts_skipped=fact_parse.skipped_text([*_reasons(skipped), *merged.skipped]),
     )
+
+
+def _reasons(per_call: list[list[str]]) -> list[str]:
+    """The reasons of every call: a reason every call gave once, the others with the call
+    they belong to."""
+    if len(per_call) == 1:
+        return per_call[0]
+    shared = set.intersection(*(set(reasons) for reasons in per_call))
+    reasons = [reason for reason in per_call[0] if reason in shared]
+    for index, call in enumerate(per_call):
+        reasons.extend(
+            CHUNK_REASON.format(index=index + 1, count=len(per_call), reason=reason)
+            for reason in call
+            if reason not in shared
+        )
+    return reasons
 
 
 def summary_coverage(previous: Summary | None, archived: Sequence[Message], text: str) -> Coverage:

@@ -1,24 +1,42 @@
-"""The summarizer backend interface: one raw call that turns formatted history into a summary.
+"""The summarizer backend interface: one raw call that turns formatted history into a summary,
+and the key facts beside it.
 
 A backend makes exactly one attempt, returns the summary stripped, and raises
 ``SummarizerError`` on any failure, a blank answer included: it never makes a summary up.
+``answer()`` is what a compaction calls: the summary with the facts the same call proposed
+(``SummaryAnswer``). A backend that only implements ``summarize()`` still works: its facts
+are skipped, with the reason, never invented.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from django.core import checks
 
 from ctxsum.exceptions import SummarizerError
+from ctxsum.fact_parse import ProposedFact
 
 BLANK_SUMMARY = "The summarizer returned a blank summary."
 BLANK_INPUT = "There is no history to summarize."
+NO_FACTS = "The summarizer {backend} returns a summary without key facts."
 
 E_UNKNOWN_OPTIONS = "ctxsum.E011"
 UNKNOWN_OPTIONS = "Unknown SUMMARIZER_OPTIONS for {backend}: {names}."
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryAnswer:
+    """One call's answer: the summary (stripped), the key facts it proposed (not checked
+    against the history yet: ``ctxsum.fact_parse.facts_checked``), and why facts were
+    skipped, in words (an unparseable block, a backend without facts…)."""
+
+    summary: str
+    facts: tuple[ProposedFact, ...] = ()
+    facts_skipped: tuple[str, ...] = ()
 
 
 class Summarizer(ABC):
@@ -51,6 +69,23 @@ class Summarizer(ABC):
         summary stripped, or raise ``SummarizerError`` (``SummaryTruncated`` for an answer
         cut off at ``max_tokens``). ``budget`` is the length asked for, in tokens: the
         answer may exceed it, never ``max_tokens``."""
+
+    def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        """The summary and the key facts of one call, as ``summarize`` but with the facts
+        ``facts_instruction()`` asked for. This default is for backends that extract none:
+        ``summarize()``'s text, its facts skipped with the reason. (A ``summarize()`` that
+        already returns a ``SummaryAnswer`` is taken as it is.)"""
+        result: Any = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
+        if isinstance(result, SummaryAnswer):
+            return result
+        return SummaryAnswer(
+            summary=result, facts_skipped=(NO_FACTS.format(backend=self.dotted_path()),)
+        )
+
+    def facts_instruction(self) -> str:
+        """What the prompt adds so that the answer carries key facts, in the form this
+        backend parses; blank for a backend that extracts none (or none from the prompt)."""
+        return ""
 
     def check(self) -> list[checks.CheckMessage]:
         """Configuration problems, reported through Django's system checks."""

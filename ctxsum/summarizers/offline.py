@@ -1,7 +1,9 @@
 """The offline summarizer: no network, no configuration, the same summary for the same input.
 
 For development, demos and tests. It is EXTRACTIVE: it writes no prose of its own, it copies
-the sentences of the history that carry facts.
+the sentences of the history that carry facts. Its key facts are what the coverage check
+finds (``ctxsum.coverage``), keyed by kind and value so that every compaction finds the same
+key for the same fact.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ctxsum import coverage
 from ctxsum.exceptions import SummarizerError
-from ctxsum.summarizers.base import BLANK_INPUT, Summarizer
+from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
+from ctxsum.fact_parse import MAX_FACTS, ProposedFact
+from ctxsum.summarizers.base import BLANK_INPUT, Summarizer, SummaryAnswer
 from ctxsum.tokens import count_text, encoding_for
 
 MAX_SENTENCE_CHARS = 300
@@ -55,6 +60,8 @@ _COMMON_WORDS = """
     you're your
 """
 _COMMON_CAPITALISED = frozenset(_COMMON_WORDS.split())
+# What the coverage check finds that is a key fact: not plain numbers, too many to matter.
+FACT_KINDS = ("email", "amount", "date", "identifier", "name")
 
 _LABELS = {
     "system": "System",
@@ -71,6 +78,7 @@ class _Block:
     text: str
     name: str = ""
     calls: tuple[tuple[str, str], ...] = ()
+    seq: int | None = None  # the message's seq, when the history names it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +99,12 @@ class OfflineSummarizer(Summarizer):
     summary is kept and the new facts appended; when over the budget the oldest lines go
     first. If no sentence qualifies, the first sentence of each user message is kept, so a
     non-blank history never yields a blank summary. The prompt is ignored, and so are options.
+
+    Key facts (``answer``): the e-mail addresses, amounts, dates, identifiers and names the
+    coverage check finds in the messages whose seq the history names (not in the summary so
+    far), keyed ``kind:value`` as the check compares them (``identifier:ai-101``,
+    ``amount:1200``, ``email:ana@example.com``), with the text as first written and the
+    seqs of every message holding it.
     """
 
     requires_network: ClassVar[bool] = False
@@ -103,6 +117,12 @@ class OfflineSummarizer(Summarizer):
         if not units:
             raise SummarizerError(BLANK_INPUT)
         return self._fit(units, max(min(int(budget), int(self.max_tokens)), 1), model)
+
+    def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        # summarize() writes the text (a subclass may write it otherwise); the facts come
+        # from the history itself.
+        text = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
+        return SummaryAnswer(summary=text, facts=_key_facts(_parse(history)[1]))
 
     def _fit(self, units: list[_Unit], budget: int, model: str) -> str:
         """Render the newest units that fit in ``budget`` tokens, dropping the oldest first."""
@@ -151,17 +171,20 @@ def _parse(history: str) -> tuple[str, list[_Block]]:
         _add_stray_text(blocks, history[position : match.start()])
         position = match.end()
         tag, attrs, body = match.group(1), _attributes(match.group(2)), match.group(3)
+        seq = int(attrs["seq"]) if attrs.get("seq", "").isdigit() else None
         if tag == "tool-call":
-            blocks.append(_Block(role="assistant", text="", calls=((attrs.get("name", ""), body),)))
+            call = (attrs.get("name", ""), body)
+            blocks.append(_Block(role="assistant", text="", calls=(call,), seq=seq))
         elif tag == "tool-result":
-            blocks.append(_Block(role="tool", text=_unescape(body), name=attrs.get("name", "")))
+            name = attrs.get("name", "")
+            blocks.append(_Block(role="tool", text=_unescape(body), name=name, seq=seq))
         else:
             calls = tuple(
                 (_attributes(call.group(1)).get("name", ""), call.group(2))
                 for call in _TOOL_CALL.finditer(body)
             )
             text = _unescape(_TOOL_CALL.sub(" ", body))
-            blocks.append(_Block(role=tag, text=text, calls=calls))
+            blocks.append(_Block(role=tag, text=text, calls=calls, seq=seq))
     _add_stray_text(blocks, history[position:])
     return previous, blocks
 
@@ -227,6 +250,30 @@ def _fact_units(blocks: list[_Block]) -> list[_Unit]:
         if units:
             break
     return units
+
+
+def _key_facts(blocks: list[_Block]) -> tuple[ProposedFact, ...]:
+    """The key facts of the blocks that name their message's seq, in the order first seen:
+    one per ``kind:value`` key, its text as first written, the seqs of every message that
+    holds it; at most ``MAX_FACTS``."""
+    values: dict[str, str] = {}
+    sources: dict[str, set[int]] = {}
+    for block in blocks:
+        if block.seq is None:
+            continue  # a fact must cite its message
+        texts = [block.text, *(_unescape(arguments) for _, arguments in block.calls)]
+        for kind, text in coverage.facts_found(texts):
+            key = coverage.fact_key(kind, text)
+            if kind not in FACT_KINDS or len(key) > MAX_KEY_CHARS or len(text) > MAX_VALUE_CHARS:
+                continue
+            if key not in values and len(values) >= MAX_FACTS:
+                continue
+            values.setdefault(key, " ".join(text.split()))
+            sources.setdefault(key, set()).add(block.seq)
+    return tuple(
+        ProposedFact(key=key, value=value, source_seqs=tuple(sorted(sources[key])))
+        for key, value in values.items()
+    )
 
 
 def _sentences(text: str, clip: int = MAX_SENTENCE_CHARS) -> Iterator[str]:

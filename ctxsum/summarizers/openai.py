@@ -16,13 +16,22 @@ from typing import Any, ClassVar
 import openai
 from django.core import checks
 
+from ctxsum import fact_parse
 from ctxsum.exceptions import SummarizerError, SummaryTruncated
-from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer
+from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer, SummaryAnswer
 
-OPTIONS = frozenset({"base_url", "api_key", "temperature", "extra_body", "max_tokens_param"})
+OPTIONS = frozenset(
+    {"base_url", "api_key", "temperature", "extra_body", "max_tokens_param", "facts_format"}
+)
 # How the request names the answer's token cap: current OpenAI models take only
 # max_completion_tokens; some older OpenAI-compatible servers only max_tokens.
 MAX_TOKENS_PARAMS = ("max_completion_tokens", "max_tokens")
+# How the answer carries the key facts: "json_schema" asks for structured output
+# (response_format, a JSON object with the summary and the facts; OpenAI, vLLM, Ollama,
+# llama.cpp and others support it), "tagged" for a <facts> JSON block after the summary
+# (any server), "off" for none.
+FACTS_FORMATS = ("json_schema", "tagged", "off")
+DEFAULT_FACTS_FORMAT = "tagged"
 # Local servers (vLLM, Ollama, llama.cpp) ignore the key, but the client insists on one.
 PLACEHOLDER_API_KEY = "not-needed"
 
@@ -38,6 +47,57 @@ TRUNCATED = (
     "The summary was cut off at {max_tokens} tokens (finish_reason: length); raise "
     "SUMMARY_MAX_TOKENS."
 )
+NOT_AN_ANSWER = "The summarizer's answer is not the JSON object asked for (summary and facts)."
+ONLY_FACTS = "The summarizer's answer holds key facts but no summary."
+FACTS_OFF = "Key facts are off (SUMMARIZER_OPTIONS['facts_format'] is 'off')."
+
+# What the prompt adds for each facts format (after PROMPT, before the length budget).
+_FACTS_WHAT = (
+    "the key facts of the messages that the assistant will need later: identifiers, codes, "
+    'amounts, dates, e-mail addresses, names and preferences. Each fact has a "key", a '
+    'short snake_case name of what it is (order_id, email, delivery_date), a "value", '
+    'the fact as the messages state it, and "source_seqs", the seq attributes of the '
+    "messages it comes from. Only facts that the messages tagged with a seq state, not "
+    "those of the summary so far; at most 30."
+)
+FACTS_INSTRUCTIONS = {
+    "tagged": (
+        "After the summary, write <facts>, a JSON array of "
+        '{"key": …, "value": …, "source_seqs": […]} objects, then </facts>: '
+        + _FACTS_WHAT
+        + " Write <facts>[]</facts> when there are none."
+    ),
+    "json_schema": (
+        'Answer with a JSON object: "summary" holds the summary, and "facts" lists ' + _FACTS_WHAT
+    ),
+    "off": "",
+}
+# Structured output: OpenAI's strict mode wants every property required and no others.
+FACTS_SCHEMA: dict[str, Any] = {
+    "name": "summary_with_facts",
+    "strict": True,
+    "schema": {
+        "type": "object",
+        "properties": {
+            "summary": {"type": "string"},
+            "facts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "key": {"type": "string"},
+                        "value": {"type": "string"},
+                        "source_seqs": {"type": "array", "items": {"type": "integer"}},
+                    },
+                    "required": ["key", "value", "source_seqs"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["summary", "facts"],
+        "additionalProperties": False,
+    },
+}
 
 E_BAD_OPTION = "ctxsum.E012"
 W_NO_CREDENTIALS = "ctxsum.W010"
@@ -50,6 +110,7 @@ _OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "temperature": ((Real,), "a number"),
     "extra_body": ((Mapping,), "a dict"),
     "max_tokens_param": ((str,), "a string"),
+    "facts_format": ((str,), "a string"),
 }
 _DETAIL_CHARS = 200
 
@@ -61,7 +122,8 @@ class OpenAISummarizer(Summarizer):
     Options: ``base_url`` and ``api_key`` (default: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``),
     ``temperature``, ``extra_body`` (extra JSON fields, e.g. for vLLM), ``max_tokens_param``
     (``"max_completion_tokens"``, the default, or ``"max_tokens"`` for servers that only
-    take that).
+    take that), ``facts_format`` (how the same call returns the key facts: ``"tagged"``, the
+    default, ``"json_schema"`` or ``"off"``; see ``FACTS_FORMATS``).
     """
 
     requires_network: ClassVar[bool] = True
@@ -94,7 +156,36 @@ class OpenAISummarizer(Summarizer):
         except openai.OpenAIError as exc:
             raise SummarizerError(f"{CLIENT_FAILED} {exc}", cause=exc) from exc
 
+    @property
+    def facts_format(self) -> str:
+        if self._plain:
+            return "off"
+        return self.options.get("facts_format") or DEFAULT_FACTS_FORMAT
+
+    @property
+    def _plain(self) -> bool:
+        """A subclass that overrides ``summarize()`` and not ``answer()`` returns plain
+        summaries: its facts are skipped, and its prompt does not ask for any."""
+        cls = type(self)
+        return cls.summarize is not OpenAISummarizer.summarize and (
+            cls.answer is OpenAISummarizer.answer
+        )
+
+    def facts_instruction(self) -> str:
+        return FACTS_INSTRUCTIONS.get(self.facts_format, "")
+
     def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
+        return self._call(prompt=prompt, history=history, model=model, budget=budget).summary
+
+    def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        """One call; its answer split into the summary and the key facts by
+        ``facts_format``. Facts that cannot be parsed are skipped with the reason; the
+        summary stands."""
+        if self._plain:
+            return super().answer(prompt=prompt, history=history, model=model, budget=budget)
+        return self._call(prompt=prompt, history=history, model=model, budget=budget)
+
+    def _call(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
         self.require_history(history)
         client = self.client
         limit = self.options.get("max_tokens_param") or MAX_TOKENS_PARAMS[0]
@@ -103,6 +194,9 @@ class OpenAISummarizer(Summarizer):
             extra["temperature"] = self.options["temperature"]
         if self.options.get("extra_body"):
             extra["extra_body"] = dict(self.options["extra_body"])
+        facts_format = self.facts_format
+        if facts_format == "json_schema":
+            extra["response_format"] = {"type": "json_schema", "json_schema": FACTS_SCHEMA}
         try:
             response = client.chat.completions.create(
                 model=model,
@@ -128,7 +222,7 @@ class OpenAISummarizer(Summarizer):
             raise SummarizerError(MALFORMED_RESPONSE, cause=exc) from exc
         except openai.OpenAIError as exc:
             raise SummarizerError(f"{CALL_FAILED} {exc}", cause=exc) from exc
-        return _summary_text(response, max_tokens=self.max_tokens)
+        return _answer(response, max_tokens=self.max_tokens, facts_format=facts_format)
 
     def check(self) -> list[checks.CheckMessage]:
         errors: list[checks.CheckMessage] = []
@@ -142,16 +236,20 @@ class OpenAISummarizer(Summarizer):
                         BAD_OPTION.format(name=name, expected=expected), obj=obj, id=E_BAD_OPTION
                     )
                 )
-        param = self.options.get("max_tokens_param")
-        if isinstance(param, str) and param not in MAX_TOKENS_PARAMS:
-            expected = " or ".join(repr(name) for name in MAX_TOKENS_PARAMS)
-            errors.append(
-                checks.Error(
-                    BAD_OPTION.format(name="max_tokens_param", expected=expected),
-                    obj=obj,
-                    id=E_BAD_OPTION,
+        for name, allowed in (
+            ("max_tokens_param", MAX_TOKENS_PARAMS),
+            ("facts_format", FACTS_FORMATS),
+        ):
+            value = self.options.get(name)
+            if isinstance(value, str) and value not in allowed:
+                expected = " or ".join(repr(choice) for choice in allowed)
+                errors.append(
+                    checks.Error(
+                        BAD_OPTION.format(name=name, expected=expected),
+                        obj=obj,
+                        id=E_BAD_OPTION,
+                    )
                 )
-            )
         has_key = self.options.get("api_key") or os.environ.get("OPENAI_API_KEY")
         has_base_url = self.options.get("base_url") or os.environ.get("OPENAI_BASE_URL")
         if not has_key and not has_base_url:
@@ -173,9 +271,10 @@ class MalformedResponse(ValueError):
     """What exactly was wrong with a response that parsed: the ``cause`` of the error."""
 
 
-def _summary_text(response: Any, *, max_tokens: int) -> str:
-    """The stripped content of the first choice; anything else, a reply cut off at
-    ``max_tokens`` included, is an error.
+def _answer(response: Any, *, max_tokens: int, facts_format: str) -> SummaryAnswer:
+    """The summary and key facts of the first choice. A reply cut off at ``max_tokens`` is
+    an error, unless the summary was complete and only the facts after it were cut off;
+    a blank summary, or a structured answer without one, is an error.
 
     The client does not validate responses: a non-JSON body with a non-JSON content type
     comes back as a ``str``, a JSON ``null`` as ``None``, missing fields as missing attributes.
@@ -195,17 +294,43 @@ def _summary_text(response: Any, *, max_tokens: int) -> str:
     message = getattr(choice, "message", None)
     if message is None:
         raise fail(NO_MESSAGE, f"The first choice has no message: {choice!r:.200}")
+    content = getattr(message, "content", None)
+    text = content if isinstance(content, str) else ""
     if getattr(choice, "finish_reason", None) == "length":
         # A reasoning model may even spend the whole cap before writing anything.
-        raise SummaryTruncated(TRUNCATED.format(max_tokens=max_tokens))
-    content = getattr(message, "content", None)
-    if not isinstance(content, str) or not content.strip():
+        salvaged = _salvaged(text, facts_format)
+        if salvaged is None:
+            raise SummaryTruncated(TRUNCATED.format(max_tokens=max_tokens))
+        return SummaryAnswer(summary=salvaged, facts_skipped=(fact_parse.CUT_OFF,))
+    if not text.strip():
         refusal = getattr(message, "refusal", None)
         detail = f"content is {content!r:.200}"
         if refusal:
             detail += f", refusal: {refusal!r:.200}"
         raise fail(BLANK_SUMMARY, detail)
-    return content.strip()
+    if facts_format == "tagged":
+        summary, raw, problem = fact_parse.split_tagged(text)
+        if not summary:
+            raise fail(ONLY_FACTS, f"content is {content!r:.200}")
+        parsed = fact_parse.facts_from_text(raw) if raw is not None else None
+        if parsed is None:
+            return SummaryAnswer(summary=summary, facts_skipped=(problem,))
+        return SummaryAnswer(summary=summary, facts=parsed.facts, facts_skipped=parsed.skipped)
+    if facts_format == "json_schema":
+        structured, parsed = fact_parse.structured_answer(text)
+        if structured is None:
+            raise fail(NOT_AN_ANSWER, f"content is {content!r:.200}")
+        return SummaryAnswer(summary=structured, facts=parsed.facts, facts_skipped=parsed.skipped)
+    return SummaryAnswer(summary=text.strip(), facts_skipped=(FACTS_OFF,))
+
+
+def _salvaged(text: str, facts_format: str) -> str | None:
+    """The summary of an answer cut off at the token cap, when only its facts were cut."""
+    if facts_format == "tagged" and fact_parse.OPEN_TAG in text:
+        return fact_parse.split_tagged(text)[0] or None
+    if facts_format == "json_schema":
+        return fact_parse.salvaged_summary(text)
+    return None
 
 
 def error_detail(body: Any) -> str:

@@ -175,7 +175,12 @@ class ConversationReplay:
         stats.compaction_queries.append(queries)
         stats.compaction_message_updates.append(message_updates(step.compact_queries))
         stats.queries_by_archived.setdefault(archived, Counter())[queries] += 1
-        kind = compaction_kind(version=self.version, archived=result.archived, calls=step.calls)
+        kind = compaction_kind(
+            version=self.version,
+            archived=result.archived,
+            calls=step.calls,
+            queries=step.compact_queries,
+        )
         stats.queries_by_kind.setdefault(kind, Counter())[queries] += 1
         problems = summary_problems(
             result,
@@ -343,7 +348,9 @@ def _probe(
         "archived": len(result.archived or ()),
         "queries": len(captured),
         "message_updates": message_updates(captured.captured_queries),
-        "kind": compaction_kind(version=1, archived=result.archived, calls=calls),
+        "kind": compaction_kind(
+            version=1, archived=result.archived, calls=calls, queries=captured.captured_queries
+        ),
         "summarizer_calls": len(calls),
         "summarizer_input_tokens": result.summary.input_tokens,
         "summary_budget": result.plan.summary_budget,

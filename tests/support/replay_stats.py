@@ -14,6 +14,14 @@ from typing import Any
 REDUCTION_FROM_TURN = 20
 
 MESSAGE_UPDATE = re.compile(r"""^\s*UPDATE\s+[`"]?ctxsum_message[`"]?\s""", re.IGNORECASE)
+SKIPS_NOTED = re.compile(
+    r"""^\s*UPDATE\s+[`"]?ctxsum_summary[`"]?\s+SET\s+[`"]?facts_skipped[`"]?""", re.IGNORECASE
+)
+# The key facts' statements: reads of the facts, and the merge's bulk writes.
+FACT_STATEMENT = re.compile(
+    r"""^\s*(SELECT|INSERT\s+INTO|UPDATE)\s.*?[`"]?(ctxsum_factchange|ctxsum_fact)[`"]?[\s.]""",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -41,17 +49,50 @@ def distribution(values: Sequence[float], *, scale: float = 1.0, digits: int = 4
     }
 
 
-def compaction_kind(*, version: int, archived: Sequence[Any], calls: Sequence[Any]) -> str:
-    """What decides which statements a compaction runs, not how many messages it archives:
-    a first summary or a later one (which deactivates its predecessor), whether the
-    archived range holds tool calls (one EXISTS for results that arrived meanwhile), and
-    summarizer calls past the first (one lease renewal each)."""
+def compaction_kind(
+    *,
+    version: int,
+    archived: Sequence[Any],
+    calls: Sequence[Any],
+    queries: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """What decides which statements a compaction runs, not how many messages it archives
+    or how many key facts it merges: a first summary or a later one (which deactivates its
+    predecessor), whether the archived range holds tool calls (one EXISTS for results that
+    arrived meanwhile), summarizer calls past the first (one lease renewal each), and the
+    key facts' statements (``facts_kind``)."""
     kind = "first" if version == 1 else "later"
     if any(row.tool_calls for row in archived):
         kind += ", tool calls archived"
     if len(calls) > 1:
         kind += f", {len(calls)} summarizer calls"
-    return kind
+    facts = facts_kind(queries)
+    return f"{kind}, {facts}" if facts else kind
+
+
+def facts_kind(queries: Sequence[Mapping[str, Any]]) -> str:
+    """The key facts' statements a compaction ran: how many reads of the facts block (the
+    snapshot's, the merge's, the fresh context's), whether it merged (in a savepoint), and
+    which bulk writes it made; each write is one statement however many facts it writes,
+    so these decide the count."""
+    reads, writes, merged = 0, set(), False
+    for index, query in enumerate(queries):
+        match = FACT_STATEMENT.match(query["sql"])
+        if match is None:
+            if SKIPS_NOTED.match(query["sql"]):
+                writes.add("skips noted")  # facts left out, said in Summary.facts_skipped
+            continue
+        verb, table = match.group(1).split()[0].upper(), match.group(2).lower()
+        if verb == "SELECT" and table == "ctxsum_fact":
+            reads += 1
+            before = queries[index - 1]["sql"].lstrip().upper() if index else ""
+            merged = merged or before.startswith("SAVEPOINT")
+        elif verb != "SELECT":
+            writes.add(f"{verb.lower()} {table.removeprefix('ctxsum_')}")
+    if not reads and not writes:
+        return ""
+    parts = [f"facts read {reads}x", *(["merged"] if merged else []), *sorted(writes)]
+    return " ".join(parts)
 
 
 def message_updates(queries: Sequence[Mapping[str, Any]]) -> int:

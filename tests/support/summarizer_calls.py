@@ -1,6 +1,7 @@
 """What ``conversation_compact`` sent the summarizer: every call recorded by wrapping the
 configured backend, and checked against what ctxsum says a call must carry (the prompt
-with its length budget, the budget, the model). Importing it needs Django configured."""
+with the backend's facts instruction and the length budget, the budget, the model).
+Importing it needs Django configured."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 # swaps the engine's helper for a broken one must still be caught by these checks.
 from ctxsum.services.summaries import summary_model, summary_prompt
 from ctxsum.summarizers import get_summarizer
+from ctxsum.summarizers.base import SummaryAnswer
 
 
 @dataclass(frozen=True)
@@ -32,22 +34,23 @@ def summarizer_calls() -> Iterator[list[SummarizerCall]]:
     nest)."""
     summarizer = get_summarizer()
     calls: list[SummarizerCall] = []
-    original = summarizer.summarize
+    original = summarizer.answer  # what a compaction calls: the summary and its facts
 
-    def summarize(*, prompt: str, history: str, model: str, budget: int) -> str:
-        text = original(prompt=prompt, history=history, model=model, budget=budget)
-        calls.append(SummarizerCall(prompt=prompt, model=model, budget=budget, text=text))
-        return text
+    def answer(*, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        result = original(prompt=prompt, history=history, model=model, budget=budget)
+        call = SummarizerCall(prompt=prompt, model=model, budget=budget, text=result.summary)
+        calls.append(call)
+        return result
 
-    wrapped = vars(summarizer).get("summarize")  # an outer block's wrapper, if any
-    summarizer.summarize = summarize  # type: ignore[method-assign]
+    wrapped = vars(summarizer).get("answer")  # an outer block's wrapper, if any
+    summarizer.answer = answer  # type: ignore[method-assign]
     try:
         yield calls
     finally:
         if wrapped is None:
-            del summarizer.summarize
+            del summarizer.answer
         else:
-            summarizer.summarize = wrapped  # type: ignore[method-assign]
+            summarizer.answer = wrapped  # type: ignore[method-assign]
 
 
 def call_problems(result: Any, calls: Sequence[SummarizerCall]) -> list[str]:
@@ -61,8 +64,10 @@ def call_problems(result: Any, calls: Sequence[SummarizerCall]) -> list[str]:
     for call in calls:
         if call.budget != budget:
             problems.append(f"summarizer asked for {call.budget} tokens, the plan says {budget}")
-        if call.prompt != summary_prompt(call.budget):
-            problems.append("the prompt sent is not PROMPT + the length budget line")
+        if call.prompt != summary_prompt(call.budget, get_summarizer().facts_instruction()):
+            problems.append(
+                "the prompt sent is not PROMPT + the facts instruction + the length budget line"
+            )
         if call.model != model:
             problems.append(f"summarizer called with model {call.model!r}, expected {model!r}")
     return problems

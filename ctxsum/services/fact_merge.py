@@ -1,0 +1,385 @@
+"""The key facts a summary version proposed, merged by key into the stored facts inside the
+commit of the compaction or rebuild that wrote the version; and undone with the version.
+
+Where they go: a conversation that names a subject writes the subject's facts (shared by
+every conversation of its owner naming it), unless it has a fact of its own under that key;
+a conversation without a subject writes its own.
+
+How (docs/architecture.md, "Key facts"): a new key is created; the same value again is
+confirmed (``confirmed_at``, ``source_seqs``); a new value replaces the old one, unless the
+fact is pinned or a person wrote it: then it is only proposed (``proposed_value``). Every
+write records a ``FactChange`` with the fact as it was, which is what a revert restores.
+
+Lock order: the facts of a subject are shown by all of its conversations, and whoever
+changes them locks those conversations in primary-key order before anything else
+(``facts_lock``, which is ``fact_block.conversations_lock``). A compaction's commit does it
+before it locks its own row (which is one of them), so it never holds one of them while
+waiting for another out of order: it cannot deadlock with a person's edit of those facts,
+which locks them the same way.
+
+Facts never cost a summary: data the merge cannot store is skipped, said in
+``Summary.facts_skipped``, and the summary commits; a database error still rolls back the
+whole commit.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import DataError, transaction
+from django.utils import timezone
+
+from ctxsum import fact_parse
+from ctxsum.fact_lines import fact_tokens
+from ctxsum.fact_parse import ProposedFact
+from ctxsum.models import Conversation, Fact, FactChange, Summary
+from ctxsum.services.fact_block import (
+    block_order,
+    block_tokens,
+    candidates_limit,
+    conversations_lock,
+    facts_candidates,
+    facts_chosen,
+    facts_count,
+    facts_recount,
+    facts_visible,
+)
+
+logger = logging.getLogger("ctxsum.compaction")
+
+SUBJECT_CHANGED = (
+    "The conversation's subject changed while the summary was written; its key facts were "
+    "not merged."
+)
+NOT_STORED = "The key facts could not be stored ({error}); the summary was."
+CROWDED = (
+    "{count} facts were left out: the facts block would have grown by more than the new "
+    "summary saves."
+)
+
+Kind = FactChange.Kind
+MODEL, PERSON = Fact.ChangedBy.MODEL, Fact.ChangedBy.PERSON
+
+
+def facts_lock(conversation: Conversation, *, db: str) -> list[Conversation]:
+    """The first lock of a commit that may change facts, before the commit's own row lock:
+    when ``conversation`` names a subject, every conversation of its owner naming it (the
+    facts it writes are theirs too), in primary-key order, its own row among them. Nothing
+    when it names none: the commit's own row lock covers its own facts. Inside the caller's
+    transaction."""
+    if not conversation.subject:
+        return []
+    return conversations_lock(
+        db=db,
+        owner_id=conversation.owner_id,
+        subject=conversation.subject,
+        conversation_id=conversation.pk,
+    )
+
+
+def facts_commit(
+    *,
+    locked: Conversation,
+    shown: Sequence[Conversation],
+    subject: str,
+    summary: Summary,
+    facts: Sequence[ProposedFact],
+    room: int | None = None,
+) -> None:
+    """Merge the ``facts`` version ``summary`` proposed, in the commit transaction, then
+    bring the facts blocks up to date: ``locked``'s counters (``active_tokens``,
+    ``facts_tokens``; saved by the caller with the rest of the commit, one ``revision``)
+    and every other conversation of ``shown`` (locked by ``facts_lock``) that shows them.
+
+    ``subject`` is the one the snapshot saw, whose conversations ``shown`` holds: when the
+    conversation names another one by now, the facts are skipped (and said so). ``room``:
+    the most tokens ``locked``'s facts block may grow by (a compaction must leave a smaller
+    context than it found); facts that would grow it further are skipped."""
+    if not facts:
+        return
+    if locked.subject != subject:
+        _skipped(summary, [SUBJECT_CHANGED])
+        _own_block(locked, facts_count(locked))
+        return
+    try:
+        # A savepoint: a merge that fails on its data leaves the summary's commit intact.
+        with transaction.atomic(using=locked._state.db):
+            count, reasons = facts_merge(locked=locked, summary=summary, facts=facts, room=room)
+    except (DataError, ValidationError, ValueError) as error:
+        logger.warning("Key facts of conversation %s not stored: %s", locked.pk, error)
+        _skipped(summary, [NOT_STORED.format(error=error)])
+        return
+    if reasons:
+        _skipped(summary, reasons)
+    _own_block(locked, count)
+    facts_recount([conversation for conversation in shown if conversation.pk != locked.pk])
+
+
+def facts_merge(
+    *,
+    locked: Conversation,
+    summary: Summary,
+    facts: Sequence[ProposedFact],
+    room: int | None = None,
+) -> tuple[int, list[str]]:
+    """Merge ``facts`` by key into the facts ``locked`` shows, recording a ``FactChange``
+    for every write; the caller holds the locks (``facts_lock`` and the row's own).
+
+    Returns the tokens of ``locked``'s facts block afterwards, and why facts were left out:
+    with ``room``, a fact whose merge would grow the block past ``facts_tokens + room`` is
+    (the block is counted as it would read, before anything is written)."""
+    db = locked._state.db or "default"
+    now = timezone.now()
+    model = locked.model or None
+    keys = [fact.key for fact in facts]
+    # The facts under the keys proposed, and those the block is chosen from now (2 queries).
+    targets: dict[str, Fact] = {}
+    for fact in facts_visible(locked).filter(key__in=keys):
+        kept = targets.get(fact.key)
+        # The conversation's own fact wins over its subject's, as in the facts block.
+        if kept is None or (kept.conversation_id is None and fact.conversation_id is not None):
+            targets[fact.key] = fact
+    # The facts as the merge leaves them, by row (new ones by key): what the block will show.
+    state: dict[object, Fact] = {fact.pk: fact for fact in facts_candidates(locked)}
+
+    def block() -> int:
+        ordered = sorted(state.values(), key=block_order)[: candidates_limit()]
+        return block_tokens(facts_chosen(ordered, model=model), model=model)
+
+    count = block()
+    # Against the block as it reads now: the context the compaction saw.
+    limit = None if room is None else count + room
+    writes: list[tuple[Fact | None, Fact, str]] = []
+    crowded = 0
+    for proposed in facts:
+        target = targets.get(proposed.key)
+        merged, kind = _merged(target, proposed, locked=locked, summary=summary, now=now)
+        slot: object = target.pk if target is not None else ("new", proposed.key)
+        previous = state.get(slot)
+        state[slot] = merged
+        if limit is not None:
+            after = block()
+            if after > limit:
+                crowded += 1
+                if previous is None:
+                    del state[slot]
+                else:
+                    state[slot] = previous
+                continue
+            count = after
+        writes.append((target, merged, kind))
+    if limit is None:
+        count = block()
+    _write(db, writes, summary, now)
+    return count, [CROWDED.format(count=crowded)] if crowded else []
+
+
+# What a merge changes on a fact it does not create.
+MERGED_FIELDS = (
+    "value",
+    "source_seqs",
+    "source_conversation",
+    "summary",
+    "confirmed_at",
+    "token_count",
+    "proposed_value",
+    "proposed_by",
+    "updated_at",
+)
+
+
+def _write(
+    db: str, writes: Sequence[tuple[Fact | None, Fact, str]], summary: Summary, now: Any
+) -> None:
+    """The merge's writes in at most three statements however many facts: the new facts,
+    the changed ones, and their FactChange rows."""
+    created = [merged for target, merged, _ in writes if target is None]
+    changed = [merged for target, merged, _ in writes if target is not None]
+    if created:
+        Fact.objects.using(db).bulk_create(created)
+        if any(fact.pk is None for fact in created):
+            # A database that returns no ids from a bulk insert: read them back by key.
+            ids = dict(
+                Fact.objects.using(db)
+                .filter(summary=summary, key__in=[fact.key for fact in created])
+                .values_list("key", "pk")
+            )
+            for fact in created:
+                fact.pk = ids[fact.key]
+    if changed:
+        for fact in changed:
+            fact.updated_at = now
+        Fact.objects.using(db).bulk_update(changed, fields=MERGED_FIELDS)
+    changes = []
+    for target, merged, kind in writes:
+        change = _before(target, summary) if target is not None else FactChange(created=True)
+        change.fact, change.summary, change.kind = merged, summary, kind
+        changes.append(change)
+    FactChange.objects.using(db).bulk_create(changes)
+
+
+def _merged(
+    fact: Fact | None, proposed: ProposedFact, *, locked: Conversation, summary: Summary, now: Any
+) -> tuple[Fact, str]:
+    """The fact as merging ``proposed`` into ``fact`` (None: none under its key) leaves it,
+    as a new instance (``fact`` is left as it is), and the kind of change."""
+    model = locked.model or None
+    if fact is None:
+        created = Fact(
+            owner_id=locked.owner_id,
+            conversation=None if locked.subject else locked,
+            subject=locked.subject,
+            key=proposed.key,
+            value=proposed.value,
+            source_seqs=list(proposed.source_seqs),
+            source_conversation=locked,
+            summary=summary,
+            changed_by=MODEL,
+            confirmed_at=now,
+            token_count=fact_tokens(proposed.key, proposed.value, model=model),
+        )
+        return created, Kind.CREATED
+    merged = copy.copy(fact)
+    if fact_parse.normalize_value(fact.value) == proposed.value:
+        same_source = fact.source_conversation_id == locked.pk
+        seqs = {*fact.source_seqs, *proposed.source_seqs} if same_source else set()
+        merged.source_seqs = sorted(seqs or proposed.source_seqs)
+        merged.source_conversation = locked
+        merged.confirmed_at = now
+        # The model agrees with the value now: an earlier proposal is withdrawn.
+        merged.proposed_value, merged.proposed_by = "", None
+        return merged, Kind.CONFIRMED
+    if fact.pinned or fact.changed_by == PERSON:
+        merged.proposed_value, merged.proposed_by = proposed.value, summary
+        return merged, Kind.PROPOSED
+    merged.value = proposed.value
+    merged.source_seqs = list(proposed.source_seqs)
+    merged.source_conversation = locked
+    merged.summary = summary
+    merged.confirmed_at = now
+    merged.token_count = fact_tokens(fact.key, proposed.value, model=model)
+    merged.proposed_value, merged.proposed_by = "", None
+    return merged, Kind.UPDATED
+
+
+def _before(fact: Fact, summary: Summary) -> FactChange:
+    """A change of ``fact`` by ``summary``, holding the fact as it is before it."""
+    return FactChange(
+        fact=fact,
+        summary=summary,
+        old_value=fact.value,
+        old_source_seqs=list(fact.source_seqs),
+        old_source_conversation_id=fact.source_conversation_id,
+        old_summary_id=fact.summary_id,
+        old_confirmed_at=fact.confirmed_at,
+        old_proposed_value=fact.proposed_value,
+        old_proposed_by_id=fact.proposed_by_id,
+    )
+
+
+def facts_revert(
+    *, locked: Conversation, shown: Sequence[Conversation], subject: str, target: Summary
+) -> None:
+    """Undo what version ``target`` wrote to facts, newest change first, in the revert's
+    transaction: a fact it created is deleted, one it changed gets its old value, source
+    and confirmation back, a value it proposed is withdrawn. A fact a person edited or
+    pinned since stays as it is, and so does one another version changed (or, for a
+    subject's, another conversation confirmed) since. Then the
+    facts blocks are recounted, as after a merge (``locked``'s counters saved by the
+    caller). ``subject`` is the one whose conversations ``facts_lock`` locked: the facts of
+    another subject are left as they are."""
+    db = locked._state.db or "default"
+    changes = list(
+        FactChange.objects.using(db).filter(summary=target).select_related("fact").order_by("-id")
+    )
+    if not changes:
+        return
+    model = locked.model or None
+    for change in changes:
+        fact = change.fact
+        if not _held(fact, locked) or (fact.conversation_id is None and subject != locked.subject):
+            continue  # a fact of another subject by now: its conversations are not locked
+        if change.kind == Kind.PROPOSED:
+            if fact.proposed_by_id == target.pk:
+                fact.proposed_value = change.old_proposed_value
+                fact.proposed_by_id = change.old_proposed_by_id
+                fact.save(using=db, update_fields=["proposed_value", "proposed_by", "updated_at"])
+            continue
+        if fact.pinned or fact.changed_by == PERSON:
+            continue  # a person's since: theirs to keep
+        # What the version wrote stands as it left it: not changed by another version, nor
+        # confirmed by another conversation of the subject since.
+        untouched = fact.summary_id == target.pk and fact.source_conversation_id == locked.pk
+        if change.kind == Kind.CREATED:
+            if untouched:
+                fact.delete()
+            continue
+        if change.kind == Kind.UPDATED:
+            if not untouched:
+                continue
+            fact.value = change.old_value
+            fact.summary_id = change.old_summary_id
+            fact.token_count = fact_tokens(fact.key, fact.value, model=model)
+        elif fact.summary_id != change.old_summary_id or fact.value != change.old_value:
+            continue  # a confirmation of a value that has changed since
+        fact.source_seqs = list(change.old_source_seqs)
+        fact.source_conversation_id = change.old_source_conversation_id
+        fact.confirmed_at = change.old_confirmed_at or fact.confirmed_at
+        fact.proposed_value = change.old_proposed_value
+        fact.proposed_by_id = change.old_proposed_by_id
+        fact.save(using=db)
+    _own_block(locked, facts_count(locked))
+    facts_recount([conversation for conversation in shown if conversation.pk != locked.pk])
+
+
+def facts_forget(
+    *, locked: Conversation, shown: Sequence[Conversation], subject: str, seq: int
+) -> None:
+    """Delete the model's facts taken from message ``seq`` of ``locked``, which was just
+    redacted (a person's fact, or a pinned one, stays: a person chose to keep it); then
+    recount the facts blocks. In the redaction's transaction, under ``facts_lock``, which
+    locked the conversations of ``subject`` (the facts of another subject are left)."""
+    db = locked._state.db or "default"
+    cited = [
+        fact
+        for fact in Fact.objects.using(db).filter(
+            source_conversation=locked, changed_by=MODEL, pinned=False
+        )
+        if seq in (fact.source_seqs or ())
+        and (
+            fact.conversation_id == locked.pk or (subject == locked.subject and _held(fact, locked))
+        )
+    ]
+    if not cited:
+        return
+    Fact.objects.using(db).filter(pk__in=[fact.pk for fact in cited]).delete()
+    _own_block(locked, facts_count(locked))
+    facts_recount([conversation for conversation in shown if conversation.pk != locked.pk])
+
+
+def _held(fact: Fact, locked: Conversation) -> bool:
+    """Whether ``fact`` is one that ``locked`` shows, so the locks taken cover it."""
+    if fact.conversation_id is not None:
+        return fact.conversation_id == locked.pk
+    return bool(locked.subject) and (fact.owner_id, fact.subject) == (
+        locked.owner_id,
+        locked.subject,
+    )
+
+
+def _own_block(locked: Conversation, count: int) -> None:
+    """``count``, the tokens of the facts block of the conversation being committed, into
+    its counters (not saved: the commit saves them with its own, under one ``revision``)."""
+    locked.active_tokens += count - locked.facts_tokens
+    locked.facts_tokens = count
+
+
+def _skipped(summary: Summary, reasons: Sequence[str]) -> None:
+    summary.facts_skipped = fact_parse.skipped_text([*summary.facts_skipped.splitlines(), *reasons])
+    Summary.objects.using(summary._state.db).filter(pk=summary.pk).update(
+        facts_skipped=summary.facts_skipped
+    )
