@@ -342,9 +342,7 @@ def staff_with(django_user_model, *codenames: str) -> Client:
 
 
 def test_view_permission_shows_without_changing(django_user_model, conversation):
-    client = staff_with(
-        django_user_model, "view_conversation", "view_summary", "view_message"
-    )
+    client = staff_with(django_user_model, "view_conversation", "view_summary", "view_message")
     review = page(client, url("conversation_review", conversation.pk))
     assert "Redact" not in review and ">Details<" in review
     change = page(client, url("conversation_change", conversation.pk))
@@ -481,10 +479,11 @@ def test_dry_run_says_what_would_happen_and_writes_nothing(admin_client, user):
 
 
 def test_a_failed_summarizer_is_counted_and_the_others_go_on(admin_client, user, settings):
-    settings.CTXSUM = {"SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
-                       "SUMMARIZER_OPTIONS": {"base_url": "http://127.0.0.1:9/v1",
-                                              "api_key": "x"},
-                       "SUMMARY_TIMEOUT": 1}
+    settings.CTXSUM = {
+        "SUMMARIZER": "ctxsum.summarizers.openai.OpenAISummarizer",
+        "SUMMARIZER_OPTIONS": {"base_url": "http://127.0.0.1:9/v1", "api_key": "x"},
+        "SUMMARY_TIMEOUT": 1,
+    }
     ready = conversation_create(owner=user, messages=agent_history(), keep={"messages": 2})
     said = act(admin_client, "compact_now", [ready])
     assert said[0] == "1 failed"
@@ -603,7 +602,8 @@ def test_redact_needs_the_csrf_token_and_the_change_message_permission(
 def test_conversation_filters_and_search(admin_client, user):
     summarized = agent_conversation(user, title="summarized")
     plain = conversation_create(
-        owner=user, title="plain",
+        owner=user,
+        title="plain",
         messages=[user_message('the word zanzibar, "quoted", mañana, Ñandú and 東京')],
         metadata={"source": "elsewhere"},
     )
@@ -675,19 +675,22 @@ def test_summary_filters(admin_client, user):
 LIST_QUERIES = 5
 # Review: the conversation (annotated like a row of the list), the pinned system message,
 # the active summary, the newest active messages, a page of the transcript by seq (the
-# summaries joined), the latest versions, the latest attempts.
-REVIEW_QUERIES = 9
+# summaries joined), the latest versions, the latest attempts, the key facts it sees.
+REVIEW_QUERIES = 10
 # Summary: the summary (conversation and previous version joined), the next version, a page
-# of the messages it covers (the archiving versions joined).
-SUMMARY_QUERIES = 5
+# of the messages it covers (the archiving versions joined), the key facts it wrote.
+SUMMARY_QUERIES = 6
 
 
 def build(owner, size: int) -> Conversation:
     """``size`` messages through the services (a system prompt, then turns appended in
     batches), compacted once by the offline summarizer, ten kept."""
     conversation = conversation_create(
-        owner=owner, title=f"{size} messages", system="You are a weather bot.",
-        keep={"messages": 10}, metadata={"source": "bench"},
+        owner=owner,
+        title=f"{size} messages",
+        system="You are a weather bot.",
+        keep={"messages": 10},
+        metadata={"source": "bench"},
     )
     history = turns(size - 1, "turn {i}: the weather in city {i} for flight AI-{i}")
     for start in range(0, len(history), 1000):

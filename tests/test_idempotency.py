@@ -455,4 +455,5 @@ def test_the_schema_describes_the_header_and_the_409_where_a_key_is_taken():
         "summaries_rebuild",
         "summaries_revert",
         "conversations_chat",
+        "facts_create",
     }

@@ -26,6 +26,9 @@ WRITES = {
     "message_redact",
     "file_import",
     "chat_turn",
+    "fact_add",
+    "fact_change",
+    "fact_delete",
 }
 
 

@@ -27,6 +27,8 @@ DOCUMENT = "urn:ctxsum:openapi"
 PLACEHOLDER = "00000000-0000-4000-8000-000000000000"
 SEQ_PLACEHOLDER = "98765"
 VERSION_PLACEHOLDER = "87654"
+FACT_PLACEHOLDER = "76543"
+SUBJECT_PLACEHOLDER = "subject-placeholder"
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +108,13 @@ def api_operations() -> set[tuple[str, str]]:
         kwargs = {"pk": PLACEHOLDER} if "pk" in converters else {}
         kwargs |= {"seq": SEQ_PLACEHOLDER} if "seq" in converters else {}
         kwargs |= {"version": VERSION_PLACEHOLDER} if "version" in converters else {}
+        kwargs |= {"fact_id": FACT_PLACEHOLDER} if "fact_id" in converters else {}
+        kwargs |= {"subject": SUBJECT_PLACEHOLDER} if "subject" in converters else {}
         path = reverse(f"ctxsum:{pattern.name}", kwargs=kwargs)
         path = path.replace(PLACEHOLDER, "{id}").replace(SEQ_PLACEHOLDER, "{seq}")
         path = path.replace(VERSION_PLACEHOLDER, "{version}")
+        path = path.replace(FACT_PLACEHOLDER, "{fact_id}")
+        path = path.replace(SUBJECT_PLACEHOLDER, "{subject}")
         view = pattern.callback.view_class  # type: ignore[attr-defined]
         for method in view.http_method_names:
             if method not in ("options", "head") and hasattr(view, method):
@@ -124,7 +130,7 @@ def test_every_url_and_method_of_the_api_is_described(document):
         if path.startswith(reverse("ctxsum:api-root"))
     }
     expected = api_operations()
-    assert len(expected) == 15
+    assert len(expected) == 25
     assert described == expected
 
 
@@ -142,11 +148,13 @@ def test_every_operation_names_its_answers_and_errors(document):
         if "requestBody" in operation:
             assert {"400", "411", "413", "415"} <= codes, (path, method)
             assert list(operation["requestBody"]["content"]) == ["application/json"]
+        in_path = {p["name"]: p for p in operation.get("parameters", []) if p["in"] == "path"}
+        named = ("id", "seq", "version", "fact_id", "subject")
+        assert set(in_path) == {name for name in named if f"{{{name}}}" in path}, (path, method)
         if "{id}" in path:
-            in_path = {p["name"]: p for p in operation["parameters"] if p["in"] == "path"}
-            named = {"id"} | {name for name in ("seq", "version") if f"{{{name}}}" in path}
-            assert set(in_path) == named, (path, method)
             assert in_path["id"]["schema"]["pattern"].startswith("^[0-9a-f]{8}-")
+        if "{fact_id}" in path:
+            assert in_path["fact_id"]["schema"]["pattern"] == "^[1-9][0-9]{0,18}$"
     assert len(ids) == len(set(ids)), "operationIds are unique"
     compact = document["paths"]["/api/conversations/{id}/compact/"]["post"]["responses"]
     assert "502" in compact

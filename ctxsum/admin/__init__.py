@@ -1,12 +1,14 @@
 """The admin: a review workbench for conversations and their summaries.
 
 Messages, summaries, attempts and chat turns are read-only; a conversation is edited through
-``conversation_update`` and deleted through ``conversation_delete``; every action calls a
-service. Importing this package registers the model admins with the default site.
+``conversation_update`` and deleted through ``conversation_delete``; a key fact is pinned,
+unpinned or deleted through ``services.facts``, never edited; every action calls a service.
+Importing this package registers the model admins with the default site.
 """
 
 from ctxsum.admin.attempts import CompactionAttemptAdmin
 from ctxsum.admin.conversations import ConversationAdmin
+from ctxsum.admin.facts import FactAdmin
 from ctxsum.admin.messages import MessageAdmin
 from ctxsum.admin.summaries import SummaryAdmin
 from ctxsum.admin.turns import ChatTurnAdmin
@@ -15,6 +17,7 @@ __all__ = [
     "ChatTurnAdmin",
     "CompactionAttemptAdmin",
     "ConversationAdmin",
+    "FactAdmin",
     "MessageAdmin",
     "SummaryAdmin",
 ]

@@ -27,7 +27,7 @@ from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
 from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin
 from ctxsum.admin.forms import ConversationForm
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, Fact, Message, Summary
 from ctxsum.selectors import conversation_effective_policy
 
 COMPACT_ALL = "manage.py ctxsum_compact --all --force"
@@ -60,7 +60,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
     search_fields = ("title", "id")
     search_help_text = _("Title, id, owner, or words in a message.")
     fieldsets = (
-        (None, {"fields": ("title", "owner", "model", "metadata")}),
+        (None, {"fields": ("title", "owner", "model", "subject", "metadata")}),
         (
             _("Policy"),
             {
@@ -76,7 +76,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             {
                 "fields": (
                     ("message_count", "active_message_count", "next_seq"),
-                    ("active_tokens", "revision"),
+                    ("active_tokens", "facts_tokens", "revision"),
                     ("lease_owner", "leased_at"),
                     ("chat_calls", "turn_owner", "turn_started_at"),
                     ("created_at", "updated_at"),
@@ -93,6 +93,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         "message_count",
         "active_message_count",
         "active_tokens",
+        "facts_tokens",
         "revision",
         "lease_owner",
         "leased_at",
@@ -183,9 +184,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         policy = conversation_effective_policy(obj)
         return ", ".join(f"{name}: {value}" for name, value in policy.items())
 
-    def save_model(
-        self, request: HttpRequest, obj: Conversation, form: Any, change: bool
-    ) -> None:
+    def save_model(self, request: HttpRequest, obj: Conversation, form: Any, change: bool) -> None:
         services.conversation_update(conversation=obj, **form.changes())
 
     def delete_model(self, request: HttpRequest, obj: Conversation) -> None:
@@ -207,7 +206,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             Conversation._meta.verbose_name_plural: len(conversations),
             **{
                 model._meta.verbose_name_plural: model.objects.filter(conversation__in=ids).count()
-                for model in (Message, Summary, CompactionAttempt)
+                for model in (Message, Summary, CompactionAttempt, Fact)
             },
         }
         name = capfirst(Conversation._meta.verbose_name)
@@ -280,8 +279,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         """``work`` over the selection, if it is small enough to run inside a request."""
         if queryset.count() > self.action_limit:
             text = gettext(
-                "Select at most %(limit)d conversations at a time; for more, run "
-                "“%(command)s”."
+                "Select at most %(limit)d conversations at a time; for more, run “%(command)s”."
             )
             values = {"limit": self.action_limit, "command": command}
             self.message_user(request, text % values, messages.ERROR)

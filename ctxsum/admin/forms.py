@@ -17,12 +17,12 @@ if TYPE_CHECKING:
 else:
     ConversationModelForm = forms.ModelForm
 
-FIELDS = ("title", "model", "metadata")
+FIELDS = ("title", "model", "subject", "metadata")
 EDITABLE = (*FIELDS, *POLICY_FIELDS)
 
 
 class ConversationForm(ConversationModelForm):
-    """Title, model, metadata and policy overrides. Saving goes through
+    """Title, model, subject, metadata and policy overrides. Saving goes through
     ``services.conversation_update`` (see ConversationAdmin.save_model), never
     ``Model.save()``; an invalid value is an error on its field and nothing is saved."""
 
@@ -33,6 +33,7 @@ class ConversationForm(ConversationModelForm):
             "trigger": 'JSON, e.g. {"messages": 40, "tokens": 12000}; empty: the default.',
             "keep": 'JSON, {"messages": N} or {"tokens": N}; empty: the default.',
             "max_context_tokens": "Empty: the default.",
+            "subject": "The owner's facts of this subject join the context; empty: none.",
         }
 
     def clean(self) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest
 
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, FactChange, Message, Summary
 
 PAGE_SIZE = 50
 # How many of the active context's newest messages the review page shows in full.
@@ -36,9 +36,7 @@ def metadata_source() -> Cast:
 
 def _count(queryset: QuerySet[Summary]) -> Subquery:
     """COUNT(*) of a correlated subquery, one row per outer conversation."""
-    counted = (
-        queryset.order_by().values("conversation").annotate(total=Count("pk")).values("total")
-    )
+    counted = queryset.order_by().values("conversation").annotate(total=Count("pk")).values("total")
     return Subquery(counted, output_field=IntegerField())
 
 
@@ -219,4 +217,14 @@ def recent_attempts(conversation: Conversation, *, limit: int = 10) -> list[Comp
         CompactionAttempt.objects.filter(conversation=conversation)
         .select_related("summary")
         .order_by("-created_at", "-pk")[:limit]
+    )
+
+
+def fact_changes(summary: Summary) -> list[FactChange]:
+    """What ``summary`` changed of the key facts (the facts it created or whose value it
+    wrote), each with the fact as it is now. One query."""
+    return list(
+        FactChange.objects.filter(summary=summary)
+        .select_related("fact", "fact__conversation")
+        .order_by("fact__key", "pk")
     )

@@ -78,8 +78,10 @@ class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
     @admin.display(description=_("prompt"), ordering="prompt_version")
     def prompt(self, obj: Summary) -> str:
         reasons = stale_reasons(obj)
-        state = badge("stale", _("stale"), "; ".join(reasons)) if reasons else badge(
-            "current", _("current")
+        state = (
+            badge("stale", _("stale"), "; ".join(reasons))
+            if reasons
+            else badge("current", _("current"))
         )
         return format_html("{} {}", obj.prompt_version, state)
 

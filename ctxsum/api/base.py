@@ -25,6 +25,7 @@ from ctxsum import selectors
 from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import (
     CONVERSATION_NOT_FOUND,
+    FACT_NOT_FOUND,
     CallLimit,
     LengthRequired,
     PayloadTooLarge,
@@ -38,6 +39,7 @@ from ctxsum.api.serializers import (
 )
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
+from ctxsum.services.facts import subject_problem
 from ctxsum.services.idempotency import Claim
 
 logger = logging.getLogger("ctxsum.api")
@@ -48,8 +50,15 @@ CANONICAL_SEQ = re.compile(r"0|[1-9][0-9]{0,9}")
 MAX_SEQ = 2**31 - 1
 # A summary version in a path: 1, 2, 3, … in decimal, within the same column.
 CANONICAL_VERSION = re.compile(r"[1-9][0-9]{0,9}")
+# A fact's id in a path: 1, 2, 3, … in decimal, within a BigAutoField.
+CANONICAL_FACT_ID = re.compile(r"[1-9][0-9]{0,18}")
+MAX_FACT_ID = 2**63 - 1
 MESSAGE_NOT_FOUND = _("No such message in this conversation.")
 SUMMARY_NOT_FOUND = _("No such summary version in this conversation.")
+SUBJECT_NOT_FOUND = _(
+    "No subject has this name: a subject is 1 to 200 characters, with no slash, no control "
+    "character and no whitespace at either end, and is not “.” or “..”."
+)
 BODY_TOO_LARGE = _("The request body is {size} bytes; the limit is {limit} bytes.")
 
 
@@ -169,3 +178,18 @@ def version_from_path(value: str) -> int:
 def no_fields(request: Request) -> None:
     """Refuse a body that holds anything: these operations take no input."""
     EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
+
+
+def fact_id_from_path(value: str) -> int:
+    """A fact's id from the path; anything no fact can have is a 404, like a missing one."""
+    if not CANONICAL_FACT_ID.fullmatch(value) or int(value) > MAX_FACT_ID:
+        raise exceptions.NotFound(FACT_NOT_FOUND)
+    return int(value)
+
+
+def subject_from_path(value: str) -> str:
+    """A subject from the path (decoded from its percent-encoding); a name no subject can
+    have is a 404, before any query."""
+    if not value or subject_problem(value):
+        raise exceptions.NotFound(SUBJECT_NOT_FOUND)
+    return value

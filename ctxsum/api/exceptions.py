@@ -18,13 +18,14 @@ from ctxsum.exceptions import (
     TooLarge,
     TurnInProgress,
 )
-from ctxsum.models import Conversation
+from ctxsum.models import Conversation, Fact
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import failure_reason
 
 logger = logging.getLogger("ctxsum.api")
 
 CONVERSATION_NOT_FOUND = _("No such conversation.")
+FACT_NOT_FOUND = _("No such fact.")
 SUMMARY_CUT_OFF = _(
     "The summary was cut off at SUMMARY_MAX_TOKENS, so it was not stored; nothing was changed."
 )
@@ -110,6 +111,8 @@ def api_exception(exc: Exception) -> Exception:
     if isinstance(exc, Conversation.DoesNotExist):
         # Deleted by another request between the lookup and the service's locked re-read.
         return exceptions.NotFound(CONVERSATION_NOT_FOUND)
+    if isinstance(exc, Fact.DoesNotExist):
+        return exceptions.NotFound(FACT_NOT_FOUND)
     if isinstance(exc, DjangoValidationError):
         return exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages

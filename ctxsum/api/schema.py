@@ -55,7 +55,7 @@ SERVER_SENT_EVENTS = OpenApiResponse(
     },
     description="Server-sent events: `data: {chat.completion.chunk}` for each chunk of the "
     "model's answer, then `event: ctxsum` with this operation's JSON answer as its data, then "
-    "`data: [DONE]`; or `event: error` with `{\"detail\", \"code\"}` when the turn fails "
+    '`data: [DONE]`; or `event: error` with `{"detail", "code"}` when the turn fails '
     "after its first chunk (nothing is stored).",
 )
 
@@ -82,6 +82,25 @@ SUMMARY_VERSION = OpenApiParameter(
     OpenApiParameter.PATH,
     description="The summary's version in its conversation: 1, 2, 3, … in decimal.",
     pattern="^[1-9][0-9]{0,9}$",
+)
+
+FACT_ID = OpenApiParameter(
+    "fact_id",
+    str,
+    OpenApiParameter.PATH,
+    description="The fact's id: 1, 2, 3, … in decimal.",
+    pattern="^[1-9][0-9]{0,18}$",
+)
+# A subject in the path, percent-encoded as any path segment; the rules the schema cannot
+# state (no whitespace at either end, not "." or "..") are in words.
+SUBJECT = OpenApiParameter(
+    "subject",
+    str,
+    OpenApiParameter.PATH,
+    description="The subject, percent-encoded: 1 to 200 characters, with no slash, no "
+    "control character and no whitespace at either end, and not `.` or `..`. A name no "
+    "subject can have answers 404.",
+    pattern="^[^/\\u0000-\\u001f\\u007f-\\u009f]{1,200}$",
 )
 
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -658,7 +677,11 @@ ERRORS = {
     400: (BadRequest, "The request is invalid; nothing was stored."),
     401: (Error, "No valid credentials."),
     403: (Error, "Not allowed: a session that is not logged in, or without its CSRF token."),
-    404: (Error, "No such conversation (or someone else's), message, summary version or page."),
+    404: (
+        Error,
+        "No such conversation (or someone else's), message, summary version, fact, subject "
+        "or page.",
+    ),
     406: (Error, "None of the Accept header's media types can be served."),
     411: (Error, "A chunked body: send a Content-Length."),
     409: (

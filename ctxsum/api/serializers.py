@@ -6,16 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.api import schema
-from ctxsum.models import ChatTurn, Conversation, Message, Summary
+from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
+from ctxsum.models import ChatTurn, Conversation, Fact, Message, Summary
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
+from ctxsum.services.facts import MAX_SUBJECT_CHARS, NOT_A_BOOLEAN
 from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
 
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
+# The service's words for the same rule (ctxsum.services.facts.TOO_LONG), in DRF's template.
+MAX_CHARACTERS = _("Must be at most {max_length} characters.")
 
 
 # --------------------------------------------------------------------------- input
@@ -36,12 +41,23 @@ class StrictSerializer(serializers.Serializer[Any]):
 class StringField(serializers.CharField):
     """A CharField that takes only JSON strings: DRF's own turns 123 into "123"."""
 
-    default_error_messages = {"invalid": NOT_A_STRING}
+    default_error_messages = {"invalid": NOT_A_STRING, "max_length": MAX_CHARACTERS}
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A BooleanField that takes only JSON true and false: DRF's own takes "yes", 1, …"""
+
+    default_error_messages = {"invalid": NOT_A_BOOLEAN}
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data
 
 
 # JSON taken as it comes, for the service to check; each says what it should be.
@@ -88,6 +104,14 @@ class ConversationInputSerializer(StrictSerializer):
     system = StringField(allow_blank=True, trim_whitespace=False, required=False)
     metadata = serializers.DictField(required=False)
     model = StringField(allow_blank=True, trim_whitespace=False, required=False)
+    subject = StringField(
+        allow_blank=True,
+        trim_whitespace=False,
+        required=False,
+        max_length=MAX_SUBJECT_CHARS,
+        help_text="What the conversation is about, in your terms (a customer id, say): the "
+        "facts of this subject are shared by your conversations naming it. Blank: none.",
+    )
     policy = PolicyInputSerializer(required=False, allow_null=True)  # null: all defaults
 
 
@@ -105,6 +129,32 @@ class MessageBatchInputSerializer(StrictSerializer):
 class CompactInputSerializer(StrictSerializer):
     force = serializers.BooleanField(default=False)
     dry_run = serializers.BooleanField(default=False)
+
+
+class FactInputSerializer(StrictSerializer):
+    """PATCH of a fact: any of its value, key and pin. The service strips and checks them
+    (blank, too long, a key over more than one line)."""
+
+    value = StringField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=MAX_VALUE_CHARS,
+        help_text="Writing a value settles the model's proposal (`proposed_value`): send "
+        "the proposed value to accept it.",
+    )
+    key = StringField(
+        required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_KEY_CHARS
+    )
+    pinned = StrictBooleanField(
+        required=False, help_text="Pinned facts come first in the facts block."
+    )
+
+
+class FactCreateInputSerializer(FactInputSerializer):
+    value = StringField(allow_blank=True, trim_whitespace=False, max_length=MAX_VALUE_CHARS)
+    key = StringField(allow_blank=True, trim_whitespace=False, max_length=MAX_KEY_CHARS)
+    pinned = StrictBooleanField(default=False)
 
 
 class EmptyInputSerializer(StrictSerializer):
@@ -226,11 +276,13 @@ class ConversationOutputSerializer(serializers.ModelSerializer[Conversation]):
             "title",
             "metadata",
             "model",
+            "subject",
             "policy",
             "effective_policy",
             "message_count",
             "active_message_count",
             "active_tokens",
+            "facts_tokens",
             "revision",
             "created_at",
             "updated_at",
@@ -244,6 +296,54 @@ class ConversationOutputSerializer(serializers.ModelSerializer[Conversation]):
     @extend_schema_field(schema.EffectivePolicy)
     def get_effective_policy(self, conversation: Conversation) -> dict[str, Any]:
         return selectors.conversation_effective_policy(conversation)
+
+
+class FactOutputSerializer(serializers.ModelSerializer[Fact]):
+    """A key fact. ``in_context`` says whether the conversation's facts block shows it now
+    (the view passes the ids it shows as ``context["shown"]``); null for a subject's facts
+    listed on their own, since that depends on the conversation."""
+
+    scope = serializers.SerializerMethodField()
+    conversation = serializers.UUIDField(source="conversation_id", allow_null=True)
+    source_conversation = serializers.UUIDField(source="source_conversation_id", allow_null=True)
+    source_seqs = serializers.ListField(child=serializers.IntegerField(min_value=0))
+    summary_version = serializers.IntegerField(
+        allow_null=True,
+        help_text="The summary version that wrote the value; null when a person wrote it.",
+    )
+    in_context = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Fact
+        fields = [
+            "id",
+            "key",
+            "value",
+            "scope",
+            "conversation",
+            "subject",
+            "pinned",
+            "changed_by",
+            "source_conversation",
+            "source_seqs",
+            "summary_version",
+            "proposed_value",
+            "token_count",
+            "in_context",
+            "confirmed_at",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "string", "enum": ["conversation", "subject"]})
+    def get_scope(self, fact: Fact) -> str:
+        return "conversation" if fact.conversation_id is not None else "subject"
+
+    @extend_schema_field(serializers.BooleanField(allow_null=True))
+    def get_in_context(self, fact: Fact) -> bool | None:
+        shown = self.context.get("shown")
+        return None if shown is None else fact.pk in shown
 
 
 class ContextOutputSerializer(serializers.Serializer[Any]):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from ctxsum.api import chat, views
+from ctxsum.api import chat, facts, views
 
 app_name = "ctxsum"
 
@@ -17,6 +17,12 @@ urlpatterns = [
     path("conversations/<str:pk>/context/", views.ContextDetail.as_view(), name="context"),
     path("conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"),
     path("conversations/<str:pk>/chat/", chat.ConversationChat.as_view(), name="chat"),
+    path("conversations/<str:pk>/facts/", facts.ConversationFactList.as_view(), name="fact-list"),
+    path(
+        "conversations/<str:pk>/facts/<str:fact_id>/",
+        facts.ConversationFactDetail.as_view(),
+        name="fact-detail",
+    ),
     path("conversations/<str:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
     path(
         "conversations/<str:pk>/summaries/rebuild/",
@@ -27,5 +33,15 @@ urlpatterns = [
         "conversations/<str:pk>/summaries/<str:version>/revert/",
         views.SummaryRevert.as_view(),
         name="summary-revert",
+    ),
+    path(
+        "subjects/<str:subject>/facts/",
+        facts.SubjectFactList.as_view(),
+        name="subject-fact-list",
+    ),
+    path(
+        "subjects/<str:subject>/facts/<str:fact_id>/",
+        facts.SubjectFactDetail.as_view(),
+        name="subject-fact-detail",
     ),
 ]

@@ -8,6 +8,7 @@ from ctxsum.services.conversations import (
     conversation_delete,
     conversation_update,
 )
+from ctxsum.services.facts import fact_add, fact_change, fact_delete
 from ctxsum.services.imports import file_import
 from ctxsum.services.messages import message_append
 from ctxsum.services.rebuild import conversation_rebuild
@@ -22,6 +23,9 @@ __all__ = [
     "conversation_rebuild",
     "conversation_revert",
     "conversation_update",
+    "fact_add",
+    "fact_change",
+    "fact_delete",
     "file_import",
     "message_append",
     "message_redact",

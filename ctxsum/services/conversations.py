@@ -19,7 +19,8 @@ from ctxsum.services.autocompact import (
     autocompact_schedule,
     conversation_autocompact,
 )
-from ctxsum.services.fact_block import facts_count
+from ctxsum.services.fact_block import facts_recount
+from ctxsum.services.facts import owner_lock, subject_problem
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
 from ctxsum.validation import NOT_A_STRING, unstorable
@@ -49,8 +50,8 @@ def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> 
 
 
 def fields_clean(**fields: Any) -> None:
-    """Check title, model and metadata as the columns will take them; raise ValidationError
-    naming every bad field."""
+    """Check title, model, metadata and subject as the columns will take them; raise
+    ValidationError naming every bad field."""
     errors: dict[str, list[str]] = {}
     for name, value in fields.items():
         if problem := unstorable(value):
@@ -62,6 +63,8 @@ def fields_clean(**fields: Any) -> None:
             errors[name] = [str(NOT_A_STRING)]
         elif len(value) > (limit := _max_length(name)):
             errors[name] = [TOO_LONG.format(limit=limit)]
+        elif name == "subject" and (problem := subject_problem(value)):
+            errors[name] = [problem]
     if errors:
         raise ValidationError(errors)
 
@@ -87,17 +90,17 @@ def conversation_create(
     system: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     model: str = "",
+    subject: str = "",
     trigger: Mapping[str, int] | None = None,
     keep: Mapping[str, int] | None = None,
     max_context_tokens: int | None = None,
     messages: Sequence[Any] | None = None,
-    subject: str = "",
 ) -> Conversation:
     """Create a conversation, with its system prompt and first messages if given, in one
-    transaction: all or nothing. With AUTO_COMPACT, first messages that reach the trigger
+    transaction: all or nothing. A ``subject`` shows the owner's facts of that subject in
+    its context from the start. With AUTO_COMPACT, first messages that reach the trigger
     are compacted as after any append (a task enqueued once the creation commits); a
-    compaction's failure never undoes the creation. A ``subject`` the owner's facts know
-    already brings its key facts block into the context from the start."""
+    compaction's failure never undoes the creation."""
     fields_clean(
         title=title, model=model, metadata={} if metadata is None else metadata, subject=subject
     )
@@ -113,10 +116,10 @@ def conversation_create(
         title=title,
         metadata=dict(metadata or {}),  # checked: a mapping or None
         model=model,
+        subject=subject,
         trigger=trigger,
         keep=keep,
         max_context_tokens=max_context_tokens,
-        subject=subject,
     )
     # The client's messages are checked on their own, so errors carry the indices it sent.
     cleaned = messages_clean(messages) if messages not in (None, [], ()) else []
@@ -124,27 +127,19 @@ def conversation_create(
     db = write_db(conversation)
     schedule = Schedule.OFF
     with transaction.atomic(using=db):
+        if subject:
+            owner_lock(db=db, owner_id=conversation.owner_id)
         conversation.save(using=db)
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
-        if subject and _count_facts_block(conversation):
-            conversation.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
+        if subject:
+            # The subject's facts block counts toward the trigger like any message.
+            facts_recount([conversation])
         # First messages are an append too: AUTO_COMPACT applies once they have committed.
         if cleaned:
             schedule = autocompact_schedule(conversation)
     conversation_autocompact(conversation=conversation, schedule=schedule)
     return conversation
-
-
-def _count_facts_block(conversation: Conversation) -> bool:
-    """Count the conversation's facts block into its counters (not saved); whether it
-    changed. Its own row lock is enough: the block only reads the subject's facts."""
-    count = facts_count(conversation)
-    if count == conversation.facts_tokens:
-        return False
-    conversation.active_tokens += count - conversation.facts_tokens
-    conversation.facts_tokens = count
-    return True
 
 
 def _replace_system(conversation: Conversation, system: str) -> bool:
@@ -175,15 +170,16 @@ def conversation_update(
     title: str | Unset = UNSET,
     metadata: Mapping[str, Any] | Unset = UNSET,
     model: str | Unset = UNSET,
+    subject: str | Unset = UNSET,
     system: str | Unset = UNSET,
     trigger: Mapping[str, int] | Unset | None = UNSET,
     keep: Mapping[str, int] | Unset | None = UNSET,
     max_context_tokens: int | Unset | None = UNSET,
-    subject: str | Unset = UNSET,
 ) -> Conversation:
-    """Change what is given: title, metadata, model, subject (the facts block then shows
-    the new subject's facts), policy overrides (None resets one to the settings'
-    default), or replace the system prompt.
+    """Change what is given: title, metadata, model, subject, policy overrides (None
+    resets one to the settings' default), or replace the system prompt. A new subject
+    (blank: none) changes which facts the context shows, a new model the encoding that
+    counts them: the facts block is recounted in the same transaction.
 
     Bumps ``revision`` when anything changed and saves only the columns that changed; a
     request that changes nothing writes nothing. ``conversation`` is brought up to date
@@ -195,17 +191,20 @@ def conversation_update(
             "title": title,
             "metadata": metadata,
             "model": model,
+            "subject": subject,
             "trigger": trigger,
             "keep": keep,
             "max_context_tokens": max_context_tokens,
-            "subject": subject,
         }.items()
         if value is not UNSET
     }
-    cleaned_fields = ("title", "model", "metadata", "subject")
-    fields_clean(**{name: given[name] for name in cleaned_fields if name in given})
+    checked = ("title", "model", "metadata", "subject")
+    fields_clean(**{name: given[name] for name in checked if name in given})
     db = write_db(conversation)
     with transaction.atomic(using=db):
+        if "subject" in given:
+            # Subjects and subject facts change one at a time per owner (services/facts.py).
+            owner_lock(db=db, owner_id=conversation.owner_id)
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
         if any(name in given for name in POLICY_FIELDS):
             # Checked against the locked row: a concurrent change of another part of the
@@ -214,12 +213,15 @@ def conversation_update(
         changed = [name for name, value in given.items() if getattr(locked, name) != value]
         for name in changed:
             setattr(locked, name, given[name])
-        # _replace_system saves the counters and moves revision itself.
-        replaced = system is not UNSET and _replace_system(locked, system)
-        if "subject" in changed and _count_facts_block(locked):
-            changed += ["facts_tokens", "active_tokens"]
+        revision = locked.revision
+        # _replace_system and facts_recount save the counters and move revision themselves.
+        if system is not UNSET:
+            _replace_system(locked, system)
+        if "subject" in changed or "model" in changed:
+            # Which facts the block shows, or the encoding that counts it, changed.
+            facts_recount([locked])
         if changed:
-            locked.revision += int(not replaced)
+            locked.revision += int(locked.revision == revision)
             locked.save(update_fields=[*changed, "revision", "updated_at"])
     conversation.update_from(locked)
     return conversation

@@ -32,7 +32,7 @@ from django.test import override_settings
 from rest_framework.authtoken.models import Token
 
 from ctxsum.conf import ctxsum_settings
-from project.api_docs import compaction, errors, history, schema
+from project.api_docs import compaction, errors, facts, history, schema
 from project.api_docs.document import OTHER_USER, READER, Document
 
 # The example project's development defaults, whatever the environment says: the offline
@@ -66,7 +66,11 @@ def generate() -> str:
         document.name("CONV", listed.data["results"][0]["id"])
         _introduction(document)
         for section in (
-            *compaction.SECTIONS, *history.SECTIONS, *errors.SECTIONS, *schema.SECTIONS
+            *compaction.SECTIONS,
+            *history.SECTIONS,
+            *facts.SECTIONS,
+            *errors.SECTIONS,
+            *schema.SECTIONS,
         ):
             section(document)
         return document.markdown()

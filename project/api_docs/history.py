@@ -119,11 +119,9 @@ def changes(document: Document) -> None:
     )
     ceiling = {"policy": {"max_context_tokens": 250}}
     document.request("PATCH", "/conversations/$CONV/", ceiling, only={"policy", "revision"})
-    context = document.request(
-        "GET", "/conversations/$CONV/context/", hide={"messages", "summary"}
-    )
+    context = document.request("GET", "/conversations/$CONV/context/", hide={"messages", "summary"})
     expect(context.data["over_max_context_tokens"], "the new ceiling is not applied yet")
-    document.text("`{\"policy\": null}` resets every override to the settings' defaults:")
+    document.text('`{"policy": null}` resets every override to the settings\' defaults:')
     document.request("PATCH", "/conversations/$CONV/", {"policy": None}, only={"policy"})
 
 
@@ -146,9 +144,7 @@ def erasure(document: Document) -> None:
         """
     )
     summaries = "/conversations/$CONV/summaries/"
-    listed = document.request(
-        "GET", f"{summaries}?page_size=1", hide={"text", "prompt_sha256"}
-    )
+    listed = document.request("GET", f"{summaries}?page_size=1", hide={"text", "prompt_sha256"})
     expect(listed.data["results"][0]["stale"], "a summary covering a redacted message is stale")
     document.text(
         """

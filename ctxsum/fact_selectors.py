@@ -1,0 +1,53 @@
+"""Reads of key facts: what a conversation sees and which of it the facts block shows, a
+subject's facts. A fixed number of queries however many facts there are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import F, QuerySet
+
+from ctxsum.models import Conversation, Fact
+from ctxsum.services.fact_block import facts_chosen, facts_visible
+
+# The order facts are listed in: the block's (pinned first, then the most recently
+# confirmed), the id breaking ties so pages neither repeat nor skip a fact.
+ORDER = ("-pinned", "-confirmed_at", "key", "pk")
+
+
+def _annotated(facts: QuerySet[Fact]) -> QuerySet[Fact]:
+    """With ``summary_version``: the version of the summary that wrote the value (None: a
+    person's), in the same query."""
+    return facts.annotate(summary_version=F("summary__version")).order_by(*ORDER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FactsSeen:
+    """The facts a conversation sees (its own and its subject's), listed in ``ORDER``, and
+    the ids of those its facts block shows now."""
+
+    facts: list[Fact]
+    shown: frozenset[int]
+
+    def get(self, pk: int) -> Fact:
+        """The fact ``pk`` among them; Fact.DoesNotExist when it is not one."""
+        for fact in self.facts:
+            if fact.pk == pk:
+                return fact
+        raise Fact.DoesNotExist(pk)
+
+
+def conversation_facts(*, conversation: Conversation) -> FactsSeen:
+    """The facts ``conversation`` sees, and which of them its block shows (the same choice
+    the block's recount makes: one per key, pinned first, within FACTS_MAX_TOKENS). One
+    query."""
+    facts = list(_annotated(facts_visible(conversation)))
+    chosen = facts_chosen(facts, model=conversation.model or None)
+    return FactsSeen(facts=facts, shown=frozenset(fact.pk for fact in chosen))
+
+
+def subject_facts(*, owner: Any, subject: str) -> QuerySet[Fact]:
+    """``owner``'s facts of ``subject`` (not those of a conversation naming it)."""
+    facts = Fact.objects.filter(owner=owner, conversation__isnull=True, subject=subject)
+    return _annotated(facts)

@@ -1,0 +1,326 @@
+"""A person's writes to key facts: adding one, changing its value, key or pin, deleting it.
+
+The summarizer writes facts during compaction (services/fact_merge.py); these are the
+writes of a person, over REST or in the admin. Each is one transaction that follows the
+facts block's lock order (services/fact_block.py): for a subject's fact the owner's user
+row first, then the conversations that show the fact in primary-key order, then the fact's
+row. Under those locks it writes, recounts each conversation's facts block
+(``facts_recount``: ``facts_tokens``, ``active_tokens``) and moves each one's ``revision``
+once, since the facts a conversation sees are part of it.
+
+A person's write marks the fact as theirs: ``changed_by = "person"``, ``changed_by_user``,
+``confirmed_at`` now. The model never overwrites such a fact; what it would write instead
+waits in ``proposed_value``. Writing a value (the proposed one, the same one, or another)
+settles the proposal and clears it. A new key or value is the person's, not a summary's:
+``summary`` becomes NULL; pinning or unpinning keeps it, since the value is still the one
+that version wrote. ``source_seqs`` and ``source_conversation`` stay: where the fact came
+from, for a reviewer.
+
+Why the owner's row: a conversation that starts naming a subject must not miss a subject
+fact written at the same moment (its recount would not see the uncommitted fact, and the
+fact's writer would not lock a conversation that did not name the subject yet). Subject
+facts and conversations' subjects therefore change one at a time per owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from enum import Enum
+from typing import Any, Literal
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS, fact_tokens
+from ctxsum.models import Conversation, Fact
+from ctxsum.services.fact_block import conversations_lock, facts_recount
+from ctxsum.services.transactions import write_db
+from ctxsum.validation import NOT_A_STRING, unstorable
+
+logger = logging.getLogger("ctxsum.facts")
+
+MAX_SUBJECT_CHARS = 200
+# What str.splitlines() breaks a line at: a key is one line of the facts block.
+LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+
+BLANK = _("Must not be blank.")
+TOO_LONG = _("Must be at most {limit} characters.")
+NOT_ONE_LINE = _("Must be one line (no line breaks).")
+NOT_A_BOOLEAN = _("Must be true or false.")
+SUBJECT_SPACES = _("Must not start or end with whitespace.")
+SUBJECT_CHARACTERS = _("Must not contain a slash or a control character.")
+SUBJECT_DOTS = _("Must not be “.” or “..”.")
+SUBJECT_REQUIRED = _("A fact belongs to a conversation or to a subject: give one.")
+SUBJECT_AND_CONVERSATION = _(
+    "A fact belongs to a conversation or to a subject, not both: a conversation's fact has "
+    "no subject."
+)
+DUPLICATE_CONVERSATION_KEY = _("This conversation already has a fact with the key {key!r}.")
+DUPLICATE_SUBJECT_KEY = _("The subject {subject!r} already has a fact with the key {key!r}.")
+
+# What a person's change may write on the fact's row.
+CHANGED_FIELDS = (
+    "key",
+    "value",
+    "pinned",
+    "summary",
+    "proposed_value",
+    "proposed_by",
+    "token_count",
+    "changed_by",
+    "changed_by_user",
+    "confirmed_at",
+    "updated_at",
+)
+
+
+class _Unset(Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET
+Unset = Literal[_Unset.UNSET]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def subject_problem(subject: Any) -> str | None:
+    """Why ``subject`` cannot name a subject, or None. A subject is a name in the owner's
+    terms (a customer id, say) that appears in URLs as one path segment: up to 200
+    characters, no slash and no control character, no whitespace at either end, not ``.``
+    or ``..`` (which clients resolve away in a URL). Blank means no subject."""
+    if not isinstance(subject, str):
+        return str(NOT_A_STRING)
+    if problem := unstorable(subject):
+        return problem
+    if len(subject) > MAX_SUBJECT_CHARS:
+        return TOO_LONG.format(limit=MAX_SUBJECT_CHARS)
+    if subject != subject.strip():
+        return str(SUBJECT_SPACES)
+    if any(char == "/" or unicodedata.category(char) == "Cc" for char in subject):
+        return str(SUBJECT_CHARACTERS)
+    if subject in (".", ".."):
+        return str(SUBJECT_DOTS)
+    return None
+
+
+def _text(value: Any, *, limit: int, one_line: bool) -> tuple[str, str | None]:
+    """``value`` stripped, and what is wrong with it (or None)."""
+    if not isinstance(value, str):
+        return "", str(NOT_A_STRING)
+    if problem := unstorable(value):
+        return "", problem
+    text = value.strip()
+    if not text:
+        return "", str(BLANK)
+    if len(text) > limit:
+        return "", TOO_LONG.format(limit=limit)
+    if one_line and LINE_BREAKS.intersection(text):
+        return "", str(NOT_ONE_LINE)
+    return text, None
+
+
+def facts_clean(**fields: Any) -> dict[str, Any]:
+    """Check ``key``, ``value`` and ``pinned`` (whichever are given); return them as they
+    are stored (key and value stripped) or raise ValidationError naming every bad field."""
+    cleaned: dict[str, Any] = {}
+    errors: dict[str, list[str]] = {}
+    for name, value in fields.items():
+        problem: str | None = None
+        if name == "key":
+            cleaned[name], problem = _text(value, limit=MAX_KEY_CHARS, one_line=True)
+        elif name == "value":
+            cleaned[name], problem = _text(value, limit=MAX_VALUE_CHARS, one_line=False)
+        elif name == "pinned":
+            cleaned[name] = value
+            problem = None if isinstance(value, bool) else str(NOT_A_BOOLEAN)
+        else:
+            raise TypeError(f"facts_clean() got an unexpected field {name!r}")
+        if problem:
+            errors[name] = [problem]
+    if errors:
+        raise ValidationError(errors)
+    return cleaned
+
+
+# --------------------------------------------------------------------------- locks
+
+
+def owner_lock(*, db: str, owner_id: Any) -> None:
+    """Lock the owner's user row, inside the caller's transaction, before any conversation:
+    subject facts and conversations' subjects change one at a time per owner (see the
+    module's docstring)."""
+    users = get_user_model()._default_manager.using(db)
+    list(users.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
+
+
+def _lock(db: str, fact: Fact) -> list[Conversation]:
+    """The locks a write to ``fact`` takes, in their order; the conversations that show it."""
+    if fact.conversation_id is not None:
+        return conversations_lock(
+            db=db, owner_id=fact.owner_id, conversation_id=fact.conversation_id
+        )
+    owner_lock(db=db, owner_id=fact.owner_id)
+    return conversations_lock(db=db, owner_id=fact.owner_id, subject=fact.subject)
+
+
+def _moved(locked: list[Conversation]) -> None:
+    """After a write to facts that ``locked`` show: recount their blocks and move each
+    one's revision once (the recount moves it when the block's size changed)."""
+    before = {conversation.pk: conversation.revision for conversation in locked}
+    facts_recount(locked)
+    for conversation in locked:
+        if conversation.revision == before[conversation.pk]:
+            conversation.revision += 1
+            conversation.save(update_fields=["revision", "updated_at"])
+
+
+def _token_model(fact: Fact, locked: list[Conversation]) -> str | None:
+    """The model whose encoding counts a fact's line: its conversation's; a subject's fact,
+    shown to conversations of any model, is counted with DEFAULT_MODEL's (each block is
+    counted exactly with its conversation's own)."""
+    if fact.conversation_id is None:
+        return None
+    mine = next(c for c in locked if c.pk == fact.conversation_id)
+    return mine.model or None
+
+
+def _duplicate(fact: Fact) -> ValidationError:
+    if fact.conversation_id is not None:
+        text = DUPLICATE_CONVERSATION_KEY.format(key=fact.key)
+    else:
+        text = DUPLICATE_SUBJECT_KEY.format(subject=fact.subject, key=fact.key)
+    return ValidationError({"key": [text]})
+
+
+def _has_key(db: str, fact: Fact) -> bool:
+    """Whether another fact of ``fact``'s conversation or subject has its key."""
+    same = Fact.objects.using(db).filter(key=fact.key).exclude(pk=fact.pk)
+    if fact.conversation_id is not None:
+        return same.filter(conversation_id=fact.conversation_id).exists()
+    return same.filter(
+        owner_id=fact.owner_id, conversation__isnull=True, subject=fact.subject
+    ).exists()
+
+
+def _save(db: str, fact: Fact, **kwargs: Any) -> None:
+    """Save ``fact``; a key taken meanwhile (a writer this one's locks did not order) is
+    the same error as one taken before."""
+    try:
+        with transaction.atomic(using=db):
+            fact.save(using=db, **kwargs)
+    except IntegrityError as error:
+        if _has_key(db, fact):
+            raise _duplicate(fact) from error
+        raise
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def fact_add(
+    *,
+    user: Any,
+    key: Any,
+    value: Any,
+    pinned: Any = False,
+    conversation: Conversation | None = None,
+    subject: Any = "",
+) -> Fact:
+    """Add a person's fact to ``conversation``, or to ``subject`` (a subject's fact is
+    ``user``'s, shared by all of their conversations naming the subject; it may exist
+    before any does). Raises ValidationError naming the field (``key``, ``value``,
+    ``pinned``, ``subject``), nothing stored then; Conversation.DoesNotExist when the
+    conversation is gone."""
+    cleaned = facts_clean(key=key, value=value, pinned=pinned)
+    if conversation is not None and subject != "":
+        raise ValidationError({"subject": [str(SUBJECT_AND_CONVERSATION)]})
+    if conversation is None:
+        problem = str(SUBJECT_REQUIRED) if subject == "" else subject_problem(subject)
+        if problem:
+            raise ValidationError({"subject": [problem]})
+    now = timezone.now()
+    fact = Fact(
+        owner_id=conversation.owner_id if conversation is not None else user.pk,
+        conversation=conversation,
+        subject=subject if conversation is None else "",
+        changed_by=Fact.ChangedBy.PERSON,
+        changed_by_user=user,
+        confirmed_at=now,
+        **cleaned,
+    )
+    db = write_db(conversation)
+    with transaction.atomic(using=db):
+        locked = _lock(db, fact)
+        if conversation is not None and not locked:
+            raise Conversation.DoesNotExist("The conversation was deleted.")
+        if _has_key(db, fact):
+            raise _duplicate(fact)
+        fact.token_count = fact_tokens(fact.key, fact.value, model=_token_model(fact, locked))
+        _save(db, fact, force_insert=True)
+        _moved(locked)
+    if conversation is not None:
+        conversation.update_from(locked[0])
+    return fact
+
+
+def fact_change(
+    *,
+    fact: Fact,
+    user: Any,
+    value: Any | Unset = UNSET,
+    key: Any | Unset = UNSET,
+    pinned: Any | Unset = UNSET,
+) -> Fact:
+    """A person changes ``fact``: any of its value, key and pin. Writing a value settles
+    the model's proposal (to accept it, write ``fact.proposed_value``). Nothing given,
+    nothing written. Raises ValidationError naming the field, nothing stored then;
+    Fact.DoesNotExist when the fact was deleted meanwhile. ``fact`` is brought up to date
+    and returned."""
+    given = {
+        name: given_value
+        for name, given_value in {"value": value, "key": key, "pinned": pinned}.items()
+        if given_value is not UNSET
+    }
+    cleaned = facts_clean(**given)
+    if not cleaned:
+        return fact
+    db = write_db()
+    with transaction.atomic(using=db):
+        locked = _lock(db, fact)
+        row = Fact.objects.using(db).select_for_update().get(pk=fact.pk)
+        for name, new in cleaned.items():
+            setattr(row, name, new)
+        if "key" in cleaned and _has_key(db, row):
+            raise _duplicate(row)
+        if "key" in cleaned or "value" in cleaned:
+            row.summary = None  # the person's words now, not a summary's
+        if "value" in cleaned:
+            row.proposed_value, row.proposed_by = "", None
+        row.token_count = fact_tokens(row.key, row.value, model=_token_model(row, locked))
+        row.changed_by = Fact.ChangedBy.PERSON
+        row.changed_by_user = user
+        row.confirmed_at = timezone.now()
+        _save(db, row, update_fields=CHANGED_FIELDS)
+        _moved(locked)
+    for model_field in Fact._meta.concrete_fields:
+        setattr(fact, model_field.attname, getattr(row, model_field.attname))
+    return fact
+
+
+def fact_delete(*, fact: Fact, user: Any) -> None:
+    """A person deletes ``fact`` (with the record of the summarizer's changes to it: a
+    revert has nothing of it to undo). A fact deleted meanwhile is no error."""
+    db = write_db()
+    with transaction.atomic(using=db):
+        locked = _lock(db, fact)
+        deleted, _ = Fact.objects.using(db).filter(pk=fact.pk).delete()
+        if deleted:
+            _moved(locked)
+    if deleted:
+        logger.info("Fact %s (%r) deleted by %s", fact.pk, fact.key, user)
