@@ -81,6 +81,8 @@ def summarized(user, offline_summarizer) -> Conversation:
         messages=turns(8, "turn {i}: booking NW7Q2K, seat {i}A"),
         keep={"messages": 2},
     )
+    # Only the facts below: not the ones the offline summarizer extracted as it compacted.
+    Fact.objects.filter(owner=user).delete()
     summary = Summary.objects.get(conversation=conversation)
     now = timezone.now()
     written = Fact.objects.create(

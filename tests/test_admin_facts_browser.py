@@ -35,6 +35,8 @@ def conversation_with_facts(owner) -> Conversation:
         messages=turns(60, "turn {i}: booking NW7Q2K, seat {i}A"),
         keep={"messages": 2},
     )
+    # Only the facts below: not the ones the offline summarizer extracted as it compacted.
+    Fact.objects.filter(owner=owner).delete()
     summary = Summary.objects.get(conversation=conversation)
     Fact.objects.create(
         owner=owner,
