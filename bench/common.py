@@ -1,12 +1,15 @@
-"""What the LangChain comparison benchmarks share: Django set up for a benchmark (its own
-database, the fixed-size test summarizer, o200k_base), the facts a result must carry, the
-percentiles, and where results go. Importing it does not configure Django."""
+"""What the benchmarks of docs/PERFORMANCE.md share: Django set up for a benchmark (its own
+database, the fixed-size test summarizer, o200k_base), a throwaway PostgreSQL database, one
+process per database, the facts a result must carry, the percentiles, and where results go.
+Importing it does not configure Django."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -22,32 +25,88 @@ FIXED_SUMMARIZER = "bench.fixed_summary.FixedSummarizer"
 # The policy both sides get: summarize at 12 messages, keep the last 6 verbatim.
 TRIGGER_MESSAGES = 12
 KEEP_MESSAGES = 6
-PACKAGES = ("django", "langchain", "langchain-core", "langgraph", "tiktoken", "psycopg")
+# The same policy as a conversation's overrides (``conversation_create(**POLICY)``).
+POLICY: dict[str, Any] = {
+    "trigger": {"messages": TRIGGER_MESSAGES},
+    "keep": {"messages": KEEP_MESSAGES},
+}
+# PostgreSQL databases a benchmark may drop and create: only ones named for it.
+DISPOSABLE_PREFIXES = ("wtbench", "wtperf")
+PACKAGES = (
+    "django",
+    "djangorestframework",
+    "django-tasks",
+    "django-tasks-db",
+    "langchain",
+    "langchain-core",
+    "langgraph",
+    "tiktoken",
+    "psycopg",
+)
 
 
-def setup_django(*, database_url: str | None, sqlite_dir: Path) -> None:
+def setup_django(
+    *,
+    database_url: str | None,
+    sqlite_dir: Path,
+    migrate: bool = True,
+    sqlite_immediate: bool = False,
+    ctxsum: Mapping[str, Any] | None = None,
+) -> None:
     """Configure Django for a benchmark: the example project's settings, its own database
-    (``database_url``, else a new SQLite file in ``sqlite_dir``, WAL), the fixed-size
-    summarizer, o200k_base, no automatic compaction; then migrate."""
+    (``database_url``, else the SQLite file ``replay.db`` in ``sqlite_dir``, WAL), the
+    fixed-size summarizer, o200k_base, no automatic compaction, then ``ctxsum`` on top;
+    then migrate (unless ``migrate`` is false: a second process on the same database).
+
+    ``sqlite_immediate``: SQLite transactions start with ``BEGIN IMMEDIATE`` (Django's
+    ``transaction_mode``), so that concurrent writers wait for the write lock instead of
+    failing when a read inside the transaction turns into a write."""
     use_tiktoken_cache()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     import django
     from django.conf import settings
 
-    settings.DATABASES = {
-        "default": replay_database(database_url=database_url, sqlite_dir=sqlite_dir)
-    }
+    database = replay_database(database_url=database_url, sqlite_dir=sqlite_dir)
+    if sqlite_immediate and not database_url:
+        database["OPTIONS"] = {**database.get("OPTIONS", {}), "transaction_mode": "IMMEDIATE"}
+    settings.DATABASES = {"default": database}
     settings.DEBUG = False
     settings.CTXSUM = {
         **(getattr(settings, "CTXSUM", None) or {}),
         "SUMMARIZER": FIXED_SUMMARIZER,
         "ENCODING": ENCODING,
         "AUTO_COMPACT": False,
+        **(ctxsum or {}),
     }
     django.setup()
-    from django.core.management import call_command
+    if migrate:
+        from django.core.management import call_command
 
-    call_command("migrate", verbosity=0, interactive=False)
+        call_command("migrate", verbosity=0, interactive=False)
+
+
+def recreate_database(url: str, *, drop_only: bool) -> None:
+    """Drop the benchmark's PostgreSQL database (and create it again unless
+    ``drop_only``). Only a database named for benchmarks (``DISPOSABLE_PREFIXES``)."""
+    import psycopg
+
+    base, name = url.rsplit("/", 1)
+    if not name.startswith(DISPOSABLE_PREFIXES):
+        allowed = " or ".join(DISPOSABLE_PREFIXES)
+        raise SystemExit(f"refusing to drop {name!r}: the database name must start with {allowed}")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as connection:
+        connection.execute(f'drop database if exists "{name}"')
+        if not drop_only:
+            connection.execute(f'create database "{name}"')
+
+
+def run_part(module: str, backend: str, argv: Sequence[str], part: Path) -> dict[str, Any]:
+    """Run ``python -m <module> <argv> --backend <backend> --part <part>`` (one database
+    per process: Django is set up once) and read the JSON it wrote."""
+    command = [sys.executable, "-m", module, *argv, "--backend", backend, "--part", str(part)]
+    subprocess.run(command, check=True)
+    result: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
+    return result
 
 
 def bench_owner(name: str) -> Any:

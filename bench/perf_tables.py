@@ -3,6 +3,9 @@ document are the measured ones, copied by no one.
 
     python -m bench.perf_tables bench/results/vs-langchain-<date>.json
     python -m bench.perf_tables bench/results/prepare-call-<date>.json
+    python -m bench.perf_tables bench/results/scaling-<date>.json
+    python -m bench.perf_tables bench/results/throughput-<date>.json
+    python -m bench.perf_tables bench/results/background-<date>.json
 """
 
 from __future__ import annotations
@@ -88,11 +91,156 @@ def prepare_table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ms(figures: dict[str, Any]) -> str:
+    """Median (p95) milliseconds, to three significant figures or so."""
+    return f"{_short(figures['median'])} ({_short(figures['p95'])})"
+
+
+def _short(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+TIMES = "\u00d7"
+SCALING_HEADER = [
+    "conversation",
+    "database",
+    "history",
+    "summaries",
+    "context: messages (tokens)",
+    "append ms",
+    "q",
+    "context_get ms",
+    "q",
+    "REST context ms",
+    "q",
+]
+
+
+def scaling_table(report: dict[str, Any]) -> list[str]:
+    """Per target: median (p95) ms and queries of each operation; then the ratios and the
+    read of the previous summary the REST answer makes."""
+    lines = [_row(SCALING_HEADER), _row(["---"] * len(SCALING_HEADER))]
+    for compacted in (True, False):
+        for backend, part in report["backends"].items():
+            for row in part["targets"]:
+                if row["compacted"] != compacted:
+                    continue
+                ops = row["operations"]
+                kind = "compacted" if compacted else "never compacted"
+                cells = [f"{row['size']:,} {kind}", backend, f"{row['history']:,}"]
+                cells += [f"{row['summaries']:,}"]
+                cells += [f"{row['context_messages']:,} ({row['context_tokens']:,})"]
+                for name in ("append", "context", "rest_context"):
+                    cells += [_ms(ops[name]["ms"]), str(ops[name]["queries"])]
+                lines.append(_row(cells))
+    lines += ["", _row(["database", "compared", "append", "context_get", "REST context"])]
+    lines.append(_row(["---"] * 5))
+    for backend, part in report["backends"].items():
+        for compared, figures in part["ratios"].items():
+            cells = [
+                f"{figures[name]['median']:.2f}{TIMES} ({figures[name]['extra_queries']:+d} q)"
+                for name in ("append", "context", "rest_context")
+            ]
+            lines.append(_row([backend, compared, *cells]))
+    header = [
+        "history",
+        "database",
+        "previous version's coverage facts",
+        "reading its row",
+        "its version only",
+        "the REST answer's serializer",
+        "the same, previous version read alone",
+    ]
+    lines += ["", _row(header), _row(["---"] * len(header))]
+    for backend, part in report["backends"].items():
+        for row in part["targets"]:
+            read = row.get("previous_summary_read")
+            if read:
+                facts = f"{read['coverage_facts']:,} ({read['coverage_json_bytes'] / 1000:,.0f} kB)"
+                cells = [f"{row['history']:,}", backend, facts]
+                cells += [
+                    f"{read[name]:.2f} ms"
+                    for name in (
+                        "whole_row_ms",
+                        "version_only_ms",
+                        "serializer_ms",
+                        "serializer_version_only_ms",
+                    )
+                ]
+                lines.append(_row(cells))
+    return lines
+
+
+THROUGHPUT_HEADER = [
+    "database",
+    "processes",
+    "ctxsum appends/s",
+    "floor appends/s",
+    "ctxsum / floor",
+    "rounds: ctxsum / floor",
+    "compactions/s",
+    "rounds: compactions/s",
+]
+
+
+def throughput_table(report: dict[str, Any]) -> list[str]:
+    """Per database and number of processes: the medians over rounds, and every round."""
+    lines = [_row(THROUGHPUT_HEADER), _row(["---"] * len(THROUGHPUT_HEADER))]
+    for backend, part in report["backends"].items():
+        for processes, figures in part["processes"].items():
+            median, rounds = figures["median"], figures["rounds"]
+            shares = ", ".join(f"{100 * r['append_vs_floor']:.0f} %" for r in rounds)
+            compactions = ", ".join(f"{r['compact']['per_second']:.1f}" for r in rounds)
+            cells = [backend, processes, f"{median['append']:,.0f}", f"{median['floor']:,.0f}"]
+            cells += [f"{100 * median['append_vs_floor']:.0f} %", shares]
+            cells += [f"{median['compact']:,.1f}", compactions]
+            lines.append(_row(cells))
+    return lines
+
+
+def background_table(report: dict[str, Any]) -> list[str]:
+    """Per phase: appends timed, median, p95, p5, mean and slowest ms, and against idle."""
+    header = [
+        "phase",
+        "appends",
+        "median ms",
+        "p95 ms",
+        "p5 ms",
+        "mean ms",
+        "max ms",
+        "median / idle",
+    ]
+    lines = [_row(header), _row(["---"] * len(header))]
+    idle = report["phases"]["idle"]["ms"]["median"]
+    for name, phase in report["phases"].items():
+        ms = phase["ms"]
+        cells = [name, f"{ms['n']:,}", f"{ms['median']:.2f}", f"{ms['p95']:.2f}", f"{ms['p5']:.2f}"]
+        cells += [
+            f"{ms['mean']:.2f}",
+            f"{phase['max_ms']:.1f}",
+            f"{ms['median'] / idle:.2f}{TIMES}",
+        ]
+        lines.append(_row(cells))
+    return lines
+
+
+TABLES = {
+    "prepare_call": prepare_table,
+    "scaling": scaling_table,
+    "throughput": throughput_table,
+    "background": background_table,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     path = Path((sys.argv[1:] if argv is None else argv)[0])
     report = json.loads(path.read_text(encoding="utf-8"))
-    if report["benchmark"] == "prepare_call":
-        print("\n".join(prepare_table(report)))
+    if report["benchmark"] in TABLES:
+        print("\n".join(TABLES[report["benchmark"]](report)))
         return 0
     for group, sides in {"all": report["sides"], **report["by_file"]}.items():
         print(f"\n### {group}\n")

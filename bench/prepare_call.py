@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,7 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import IMAGES_DIR, RESULTS_DIR, run_facts, write_json
+from bench.common import (
+    IMAGES_DIR,
+    RESULTS_DIR,
+    recreate_database,
+    run_facts,
+    run_part,
+    write_json,
+)
 from tests.support.run_info import load_average
 from tests.support.shared import DATA_DIR
 
@@ -134,35 +140,6 @@ def backend_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def recreate_database(url: str, *, drop_only: bool) -> None:
-    """Drop the benchmark's database (and create it again unless ``drop_only``)."""
-    import psycopg
-
-    base, name = url.rsplit("/", 1)
-    if not name.startswith("wtbench"):
-        raise SystemExit(f"refusing to drop {name!r}: the database name must start with wtbench")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as connection:
-        connection.execute(f'drop database if exists "{name}"')
-        if not drop_only:
-            connection.execute(f'create database "{name}"')
-
-
-def run_part(backend: str, argv: Sequence[str], part: Path) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        "-m",
-        "bench.prepare_call",
-        *argv,
-        "--backend",
-        backend,
-        "--part",
-        str(part),
-    ]
-    subprocess.run(command, check=True)
-    result: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
-    return result
-
-
 def draw(report: dict[str, Any]) -> list[Path]:
     from bench.plots import scaling_plot
 
@@ -193,7 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     forwarded = [arg for arg in argv if arg != "--no-postgres"]
     backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
     with tempfile.TemporaryDirectory(prefix="ctxsum-prepare-parts-") as tmp:
-        parts = {name: run_part(name, forwarded, Path(tmp) / f"{name}.json") for name in backends}
+        parts = {
+            name: run_part("bench.prepare_call", name, forwarded, Path(tmp) / f"{name}.json")
+            for name in backends
+        }
     report = {
         "benchmark": "prepare_call",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -1,0 +1,276 @@
+"""Append, context read and REST context read against the history's length, on a table that
+also holds other conversations.
+
+Target conversations of 10, 1,000, 10,000 and 100,000 messages, each size compacted and
+never compacted, among every dialogue of the data as a conversation of its own and one
+agent conversation of 100,000 messages (bench/scaling_state.py); the operations and their
+clocks are in bench/scaling_measure.py. SQLite, then PostgreSQL, each in a process of its
+own; results in docs/PERFORMANCE.md.
+
+    python -m bench.scaling [--sizes N ...] [--rounds R] [--calls N] [--heavy-rounds R]
+                            [--heavy-calls N] [--database-url URL | --no-postgres]
+                            [--output PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    IMAGES_DIR,
+    RESULTS_DIR,
+    recreate_database,
+    run_facts,
+    run_part,
+    write_json,
+)
+from tests.support.run_info import load_average
+from tests.support.shared import DATA_DIR
+
+SIZES = (10, 1_000, 10_000, 100_000)
+DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_scaling"
+# Never compacted targets from this size on are "heavy": their context is the whole history
+# (up to 100,000 messages, seconds and hundreds of MB a read), read in fewer rounds.
+BIG = 10_000
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="N")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
+    parser.add_argument(
+        "--calls", type=int, default=10, help="timed calls of each operation per round"
+    )
+    parser.add_argument(
+        "--heavy-rounds",
+        type=int,
+        default=3,
+        help=f"rounds of the never compacted targets of {BIG:,}+ messages (default 3)",
+    )
+    parser.add_argument(
+        "--heavy-calls",
+        type=int,
+        default=1,
+        help="their timed context reads per round (default 1; appends: --calls)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1_000, help="compact a target after every N messages"
+    )
+    parser.add_argument(
+        "--other-large",
+        type=int,
+        default=100_000,
+        help="messages of the other, never compacted, agent conversation (0: none)",
+    )
+    parser.add_argument(
+        "--dialogues", type=int, default=None, help="other conversations: the first N dialogues"
+    )
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument(
+        "--database-url",
+        default=DEFAULT_DATABASE,
+        help=f"PostgreSQL database to create, use and drop (default {DEFAULT_DATABASE})",
+    )
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--output", type=Path, default=None, metavar="PATH")
+    parser.add_argument(
+        "--plots-from",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="only redraw the plot from a results file of this command",
+    )
+    parser.add_argument("--backend", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
+    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def run_backend(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the mixed table on this process's database, then measure (Django set up)."""
+    from django.test import Client
+
+    from bench.common import bench_owner
+    from bench.scaling_measure import Target, measure, previous_summary_read
+    from bench.scaling_state import load_pool, others_build, settle, table_facts, target_build
+    from tests.support.run_info import database_info
+
+    started = time.perf_counter()
+    pool = load_pool(args.data_dir, dialogues=args.dialogues)
+    progress(f"{args.backend}: data read and counted ({time.perf_counter() - started:.0f} s)")
+    owner, other = bench_owner("ctxsum-scaling"), bench_owner("ctxsum-scaling-other")
+    others = others_build(pool, owner=other, large=args.other_large)
+    progress(f"{args.backend}: other conversations: {others}")
+    targets = []
+    for compacted in (True, False):
+        for size in args.sizes:
+            built = target_build(
+                pool, owner=owner, size=size, compacted=compacted, batch=args.batch
+            )
+            kind = "compacted" if compacted else "uncompacted"
+            targets.append(Target(f"{size} {kind}", size, compacted, built))
+            progress(f"{args.backend}: built {size:,} {kind} in {built.seconds:.1f} s")
+    settle()
+    facts = table_facts()
+    build_seconds = round(time.perf_counter() - started, 1)
+    progress(f"{args.backend}: tables {facts}, built in {build_seconds} s")
+    client = Client()
+    client.force_login(owner)
+
+    def heavy(target: Target) -> bool:
+        return not target.compacted and target.size >= BIG
+
+    def calls(target: Target, operation: str) -> int:
+        count: int = args.heavy_calls if heavy(target) and operation != "append" else args.calls
+        return count
+
+    results = measure(
+        targets,
+        client,
+        rounds=args.rounds,
+        heavy_rounds=args.heavy_rounds,
+        calls=calls,
+        heavy=heavy,
+        progress=lambda message: progress(f"{args.backend}: {message}"),
+    )
+    for target in targets:
+        if target.compacted:
+            results[target.name]["previous_summary_read"] = previous_summary_read(
+                target.built.conversation, rounds=args.rounds
+            )
+    return {
+        "database": database_info(),
+        "tables": facts,
+        "others": others,
+        "build_seconds": build_seconds,
+        "targets": [target_facts(target, results[target.name], client) for target in targets],
+        "ratios": ratios(targets, results),
+    }
+
+
+def target_facts(target: Any, results: dict[str, Any], client: Any) -> dict[str, Any]:
+    from bench.scaling_measure import OPERATIONS
+    from ctxsum.selectors import context_get
+
+    built = target.built
+    context = context_get(conversation=built.conversation)
+    body = client.get(f"/api/conversations/{built.conversation.pk}/context/").content
+    return {
+        "name": target.name,
+        "size": target.size,
+        "compacted": target.compacted,
+        "history": built.history,
+        "summaries": built.summaries,
+        "build_seconds": round(built.seconds, 1),
+        "context_messages": len(context.messages),
+        "context_tokens": context.token_count,
+        "rest_bytes": len(body),
+        "operations": {name: results[name] for name in OPERATIONS},
+        "previous_summary_read": results.get("previous_summary_read"),
+    }
+
+
+def ratios(targets: Sequence[Any], results: dict[str, Any]) -> dict[str, Any]:
+    """Largest over smallest size, compacted and not, for every operation."""
+    from bench.scaling_measure import OPERATIONS, ratio
+
+    out: dict[str, Any] = {}
+    for compacted in (True, False):
+        kind = [target for target in targets if target.compacted == compacted]
+        if len(kind) < 2:
+            continue
+        small, large = min(kind, key=lambda t: t.size), max(kind, key=lambda t: t.size)
+        key = f"{large.size:,} / {small.size:,} {'compacted' if compacted else 'never compacted'}"
+        out[key] = {
+            name: ratio(results[large.name][name], results[small.name][name]) for name in OPERATIONS
+        }
+    return out
+
+
+def backend_main(args: argparse.Namespace) -> int:
+    """One backend in this process: write its part of the results to ``--part``."""
+    from bench.common import setup_django
+
+    url = args.database_url if args.backend == "postgresql" else None
+    if url:
+        recreate_database(url, drop_only=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxsum-scaling-") as tmp:
+            setup_django(database_url=url, sqlite_dir=Path(tmp))
+            try:
+                part = run_backend(args)
+            finally:
+                from django.db import connections
+
+                connections.close_all()
+    finally:
+        if url:
+            recreate_database(url, drop_only=True)
+    write_json(part, args.part)
+    return 0
+
+
+def draw(report: dict[str, Any]) -> list[Path]:
+    from bench.plots import scaling_operations_plot
+
+    path = IMAGES_DIR / "perf-scaling.png"
+    return [scaling_operations_plot(report["backends"], path)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.backend:
+        return backend_main(args)
+    if args.plots_from is not None:
+        for path in draw(json.loads(args.plots_from.read_text(encoding="utf-8"))):
+            print(f"  plot: {path}")
+        return 0
+    started, facts = time.perf_counter(), run_facts()
+    forwarded = [arg for arg in argv if arg not in ("--no-postgres", "--no-plots")]
+    backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
+    with tempfile.TemporaryDirectory(prefix="ctxsum-scaling-parts-") as tmp:
+        parts = {
+            name: run_part("bench.scaling", name, forwarded, Path(tmp) / f"{name}.json")
+            for name in backends
+        }
+    report = {
+        "benchmark": "scaling",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "-m", "bench.scaling", *argv]),
+        **facts,
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "heavy_rounds": args.heavy_rounds,
+        "heavy_calls": args.heavy_calls,
+        "backends": parts,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "load_average_end": load_average(),
+    }
+    output = args.output or RESULTS_DIR / f"scaling-{report['date'][:10]}.json"
+    write_json(report, output)
+    if not args.no_plots:
+        for path in draw(report):
+            print(f"  plot: {path}")
+    for name, part in parts.items():
+        for key, value in part["ratios"].items():
+            figures = {op: figures["median"] for op, figures in value.items()}
+            print(f"  {name} {key}: {figures}")
+    print(f"  results: {output}  ({report['wall_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Throughput of appends and of compactions with 1, 4 and 8 processes, against the floor.
+
+P operating-system processes (multiprocessing, spawn; each sets Django up with the same
+settings on the same database) start together at a barrier and, for a fixed duration, each
+appends to its own conversation through ``services.message_append``; appends per second
+are summed over the processes. The floor: the same P processes doing the bare transaction
+of an append in raw SQL on the same database (``BEGIN``, ``INSERT`` one message row,
+``UPDATE`` the conversation's counters, ``COMMIT``). Compactions per second: each process
+compacts conversations of its own, prepared before the barrier, with the fixed-size
+summarizer. Several rounds; the JSON keeps every round. PostgreSQL and a SQLite file
+(WAL, ``BEGIN IMMEDIATE``), each in a process of its own; bench/throughput_worker.py is
+one process. Results in docs/PERFORMANCE.md.
+
+    python -m bench.throughput [--processes P ...] [--duration S] [--rounds R]
+                               [--database-url URL | --no-postgres] [--output PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    IMAGES_DIR,
+    RESULTS_DIR,
+    percentile,
+    recreate_database,
+    run_facts,
+    run_part,
+    write_json,
+)
+from tests.support.run_info import load_average
+from tests.support.shared import DATA_DIR
+
+PROCESSES = (1, 4, 8)
+DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_throughput"
+OWNER = "ctxsum-throughput"
+# Messages of history in each conversation to compact (system message aside): over the
+# trigger of 12 messages, so a compaction archives all but the last 6.
+BLOCK = 24
+# Conversations compacted once, in one process, to size each process's supply.
+CALIBRATION = 10
+WAIT = 600  # seconds a process may take to report
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__)
+    parser.add_argument("--processes", type=int, nargs="+", default=list(PROCESSES), metavar="P")
+    parser.add_argument(
+        "--duration", type=float, default=5.0, help="seconds of each timed phase (default 5)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument(
+        "--database-url",
+        default=DEFAULT_DATABASE,
+        help=f"PostgreSQL database to create, use and drop (default {DEFAULT_DATABASE})",
+    )
+    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--output", type=Path, default=None, metavar="PATH")
+    parser.add_argument(
+        "--plots-from",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="only redraw the plot from a results file of this command",
+    )
+    parser.add_argument("--backend", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
+    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def calibrate(setup: Any) -> float:
+    """Compactions per second of one process alone (Django set up here)."""
+    from django.contrib.auth import get_user_model
+
+    from bench.throughput_worker import new_conversation
+    from ctxsum.services import conversation_compact
+
+    owner = get_user_model().objects.get(username=setup.owner)
+    conversations = [
+        new_conversation(setup, owner, "throughput calibration", setup.block)
+        for _ in range(CALIBRATION)
+    ]
+    started = time.perf_counter()
+    for conversation in conversations:
+        if not conversation_compact(conversation=conversation).compacted:
+            raise RuntimeError("calibration: the compaction did not compact")
+    return CALIBRATION / (time.perf_counter() - started)
+
+
+def run_processes(
+    setup: Any, processes: int, args: argparse.Namespace, rate: float
+) -> list[dict[str, Any]]:
+    """``processes`` processes, ``args.rounds`` rounds of the three phases; per round and
+    mode, every process's outcome and the sum of their rates."""
+    from dataclasses import asdict
+
+    from bench.throughput_worker import Phase, run
+
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(processes)
+    phases = context.Queue()
+    results = context.Queue()
+    sqlite = setup.database_url is None
+    workers = [
+        context.Process(target=run, args=(index, setup, barrier, phases, results, sqlite))
+        for index in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    rounds: list[dict[str, Any]] = []
+    try:
+        for _ in range(processes):
+            kind, index, detail = results.get(timeout=WAIT)
+            if kind != "ready":
+                raise RuntimeError(f"process {index} failed to start:\n{detail}")
+        # The supply: twice what one process alone compacted in the calibration, shared by
+        # the processes when they outnumber the CPUs; then twice the best rate seen so far.
+        per_process = rate * min(1.0, (os.cpu_count() or 1) / processes)
+        for number in range(args.rounds):
+            modes = ["append", "floor"] if number % 2 == 0 else ["floor", "append"]
+            measured: dict[str, Any] = {}
+            for mode in [*modes, "compact"]:
+                supply = math.ceil(2 * per_process * args.duration) + 5 if mode == "compact" else 0
+                for _ in range(processes):
+                    phases.put(Phase(mode, args.duration, supply))
+                outcomes = []
+                for _ in range(processes):
+                    kind, index, detail = results.get(timeout=WAIT)
+                    outcomes.append(asdict(detail))
+                outcomes.sort(key=lambda outcome: outcome["worker"])
+                measured[mode] = phase_figures(outcomes, supply)
+                if mode == "compact":
+                    per_process = max(
+                        [per_process]
+                        + [outcome["done"] / outcome["seconds"] for outcome in outcomes]
+                    )
+            measured["append_vs_floor"] = round(
+                measured["append"]["per_second"] / measured["floor"]["per_second"], 4
+            )
+            rounds.append(measured)
+            progress(
+                f"P={processes} round {number + 1}: "
+                + ", ".join(f"{mode} {measured[mode]['per_second']:,.0f}/s" for mode in modes)
+                + f", compact {measured['compact']['per_second']:,.1f}/s"
+            )
+    finally:
+        for _ in workers:
+            phases.put(None)
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join()
+    return rounds
+
+
+def phase_figures(outcomes: list[dict[str, Any]], supply: int) -> dict[str, Any]:
+    """The sum over processes of what each did per second, and every process's outcome."""
+    per_second = sum(outcome["done"] / outcome["seconds"] for outcome in outcomes)
+    return {
+        "per_second": round(per_second, 2),
+        "done": sum(outcome["done"] for outcome in outcomes),
+        "errors": sum(outcome["errors"] for outcome in outcomes),
+        "exhausted": sum(outcome["exhausted"] for outcome in outcomes),
+        "supply_per_process": supply or None,
+        "processes": outcomes,
+    }
+
+
+def medians(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    figures = {
+        mode: round(percentile([result[mode]["per_second"] for result in rounds], 50), 2)
+        for mode in ("append", "floor", "compact")
+    }
+    figures["append_vs_floor"] = round(
+        percentile([result["append_vs_floor"] for result in rounds], 50), 4
+    )
+    return figures
+
+
+def run_backend(args: argparse.Namespace, setup: Any) -> dict[str, Any]:
+    from tests.support.run_info import database_info
+
+    rate = calibrate(setup)
+    progress(f"{args.backend}: one process alone compacts {rate:.1f}/s")
+    by_processes = {}
+    for processes in args.processes:
+        rounds = run_processes(setup, processes, args, rate)
+        by_processes[str(processes)] = {"median": medians(rounds), "rounds": rounds}
+    return {
+        "database": {**database_info(), **database_settings()},
+        "calibration_compactions_per_second": round(rate, 2),
+        "processes": by_processes,
+    }
+
+
+def database_settings() -> dict[str, Any]:
+    """The settings that decide what a commit costs."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            names = ("synchronous_commit", "fsync", "wal_sync_method", "max_connections")
+            found = {}
+            for name in names:
+                cursor.execute(f"SHOW {name}")
+                found[name] = cursor.fetchone()[0]
+            return found
+        cursor.execute("PRAGMA journal_mode")
+        journal = cursor.fetchone()[0]
+        cursor.execute("PRAGMA synchronous")
+        return {"journal_mode": journal, "synchronous": cursor.fetchone()[0]}
+
+
+def backend_main(args: argparse.Namespace) -> int:
+    """One backend in this process and its P workers: write its results to ``--part``."""
+    from bench.common import bench_owner, setup_django
+    from bench.prepare_state import agent_pool, history_stream
+    from bench.throughput_worker import Setup
+
+    url = args.database_url if args.backend == "postgresql" else None
+    if url:
+        recreate_database(url, drop_only=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ctxsum-throughput-") as tmp:
+            setup_django(database_url=url, sqlite_dir=Path(tmp), sqlite_immediate=True)
+            system, runs = agent_pool(args.data_dir)
+            bench_owner(OWNER)
+            setup = Setup(
+                database_url=url,
+                sqlite_dir=Path(tmp),
+                owner=OWNER,
+                system=system,
+                block=history_stream(runs, BLOCK),
+            )
+            try:
+                part = run_backend(args, setup)
+            finally:
+                from django.db import connections
+
+                connections.close_all()
+    finally:
+        if url:
+            recreate_database(url, drop_only=True)
+    write_json(part, args.part)
+    return 0
+
+
+def draw(report: dict[str, Any]) -> list[Path]:
+    from bench.plots import throughput_plot
+
+    return [throughput_plot(report["backends"], IMAGES_DIR / "perf-throughput.png")]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.backend:
+        return backend_main(args)
+    if args.plots_from is not None:
+        for path in draw(json.loads(args.plots_from.read_text(encoding="utf-8"))):
+            print(f"  plot: {path}")
+        return 0
+    started, facts = time.perf_counter(), run_facts()
+    forwarded = [arg for arg in argv if arg not in ("--no-postgres", "--no-plots")]
+    backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
+    with tempfile.TemporaryDirectory(prefix="ctxsum-throughput-parts-") as tmp:
+        parts = {
+            name: run_part("bench.throughput", name, forwarded, Path(tmp) / f"{name}.json")
+            for name in backends
+        }
+    report = {
+        "benchmark": "throughput",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "-m", "bench.throughput", *argv]),
+        **facts,
+        "duration": args.duration,
+        "rounds": args.rounds,
+        "backends": parts,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "load_average_end": load_average(),
+    }
+    output = args.output or RESULTS_DIR / f"throughput-{report['date'][:10]}.json"
+    write_json(report, output)
+    if not args.no_plots:
+        for path in draw(report):
+            print(f"  plot: {path}")
+    for name, part in parts.items():
+        for processes, figures in part["processes"].items():
+            print(f"  {name} P={processes}: {figures['median']}")
+    print(f"  results: {output}  ({report['wall_seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
