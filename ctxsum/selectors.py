@@ -21,6 +21,10 @@ from ctxsum.models import (
 )
 from ctxsum.policy import Policy, parse_policy
 
+# A summary's coverage check: cumulative, it grows with the conversation (to hundreds of
+# kB); only a compaction writing the next version and the admin's summary page read it.
+SUMMARY_HEAVY = ("coverage_facts",)
+
 
 def prompt_sha256(prompt: str) -> str:
     """The fingerprint a summary records of the PROMPT that wrote it."""
@@ -140,11 +144,12 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
         facts_chosen,
     )
 
-    # Not the summary's coverage check: cumulative, it grows with the conversation (to
-    # hundreds of kB), and only a compaction writing the next version reads it.
+    # Not the summary's coverage check (SUMMARY_HEAVY); of the previous version, only what
+    # the REST answer says of it (its version), in the same query.
     summary = (
         Summary.objects.filter(conversation=conversation, active=True)
-        .defer("coverage_facts")
+        .select_related("previous")
+        .defer(*SUMMARY_HEAVY, *(f"previous__{name}" for name in (*SUMMARY_HEAVY, "text")))
         .first()
     )
     rows = _active_rows(conversation, summary)
@@ -216,7 +221,14 @@ def transcript_list(*, conversation: Conversation) -> QuerySet[Message]:
 
 
 def summary_list(*, conversation: Conversation) -> QuerySet[Summary]:
-    return Summary.objects.filter(conversation=conversation).select_related("previous")
+    """Every version, newest first, each with its previous one's version (not its text or
+    coverage check)."""
+    previous = (f"previous__{name}" for name in (*SUMMARY_HEAVY, "text"))
+    return (
+        Summary.objects.filter(conversation=conversation)
+        .select_related("previous")
+        .defer(*SUMMARY_HEAVY, *previous)
+    )
 
 
 def conversation_stats(*, conversation: Conversation) -> dict[str, int]:

@@ -14,6 +14,7 @@ from bench.common import FIXED_SUMMARIZER
 from bench.scaling_measure import OPERATIONS, Target, measure, ratio
 from bench.scaling_state import others_build, pool_of, target_build
 from tests.support.shared import FIXTURE_CONVERSATIONS
+from tests.test_queries import CONTEXT_QUERIES
 
 pytestmark = pytest.mark.django_db
 SIZES = (10, 120)
@@ -69,7 +70,7 @@ def test_scaling_on_a_small_mixed_table(pool, django_user_model) -> None:
         assert results[small.name][name]["queries"] == results[large.name][name]["queries"]
         assert results[large.name][name]["ms"]["n"] == 4
         assert ratio(results[large.name][name], results[small.name][name])["extra_queries"] == 0
-    assert results[small.name]["context"]["queries"] == 2
+    assert results[small.name]["context"]["queries"] == CONTEXT_QUERIES
     for target in targets:
         conversation = target.built.conversation
         conversation.refresh_from_db()
