@@ -148,43 +148,33 @@ class CtxsumView(GenericAPIView[Any]):
             raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
 
 
-def _seq(value: str) -> int:
-    """A seq from the path; anything that no message can have is a 404, like a missing one."""
-    if not CANONICAL_SEQ.fullmatch(value) or int(value) > MAX_SEQ:
-        raise exceptions.NotFound(MESSAGE_NOT_FOUND)
+def _number_from_path(value: str, canonical: re.Pattern[str], limit: int, missing: Any) -> int:
+    """A number from the path written as ``canonical`` (no sign, no leading zero, ASCII
+    digits) up to ``limit``; anything else is a 404 with ``missing``, like a missing row,
+    before any query."""
+    if not canonical.fullmatch(value) or int(value) > limit:
+        raise exceptions.NotFound(missing)
     return int(value)
-
-
-def _no_fields(request: Request) -> None:
-    """Refuse a body that holds anything: these operations take no input."""
-    EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
 
 
 def seq_from_path(value: str) -> int:
-    """A seq from the path; anything that no message can have is a 404, like a missing one."""
-    if not CANONICAL_SEQ.fullmatch(value) or int(value) > MAX_SEQ:
-        raise exceptions.NotFound(MESSAGE_NOT_FOUND)
-    return int(value)
+    """A message's seq from the path."""
+    return _number_from_path(value, CANONICAL_SEQ, MAX_SEQ, MESSAGE_NOT_FOUND)
 
 
 def version_from_path(value: str) -> int:
-    """A summary version from the path; anything no summary can have is a 404, like a
-    missing one."""
-    if not CANONICAL_VERSION.fullmatch(value) or int(value) > MAX_SEQ:
-        raise exceptions.NotFound(SUMMARY_NOT_FOUND)
-    return int(value)
+    """A summary version from the path."""
+    return _number_from_path(value, CANONICAL_VERSION, MAX_SEQ, SUMMARY_NOT_FOUND)
+
+
+def fact_id_from_path(value: str) -> int:
+    """A fact's id from the path."""
+    return _number_from_path(value, CANONICAL_FACT_ID, MAX_FACT_ID, FACT_NOT_FOUND)
 
 
 def no_fields(request: Request) -> None:
     """Refuse a body that holds anything: these operations take no input."""
     EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
-
-
-def fact_id_from_path(value: str) -> int:
-    """A fact's id from the path; anything no fact can have is a 404, like a missing one."""
-    if not CANONICAL_FACT_ID.fullmatch(value) or int(value) > MAX_FACT_ID:
-        raise exceptions.NotFound(FACT_NOT_FOUND)
-    return int(value)
 
 
 def subject_from_path(value: str) -> str:
