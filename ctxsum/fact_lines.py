@@ -1,7 +1,8 @@
-"""Pure: how one key fact reads in the context's facts block, and what it costs there.
+"""Pure: how one key fact reads in the context's facts block, and what its line costs.
 
-Shared by the summarizer's merge, a person's edits and the context read, so a fact's stored
-``token_count`` is always what its line costs.
+Shared by the summarizer's merge, a person's edits and the context read. A fact's stored
+``token_count`` is its line counted with one encoding (``fact_block.line_tokens`` says
+which); the block as a whole is counted exactly with its conversation's.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ MAX_KEY_CHARS = 200
 MAX_VALUE_CHARS = 2000
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line with single spaces: how the block shows a value (a newline in
+    it cannot pass for another fact's line), and what two values are compared by."""
+    return " ".join(text.split())
+
+
 def fact_line(key: str, value: str) -> str:
-    """One fact as a line of the block; newlines inside the value are flattened so a value
-    cannot pass for another fact's line."""
-    flat = " ".join(value.split())
-    return f"- {key}: {flat}"
+    """One fact as a line of the block."""
+    return f"- {key}: {one_line(value)}"
 
 
 def fact_tokens(key: str, value: str, *, model: str | None = None) -> int:
-    """Tokens of the fact's line, newline included."""
+    """Tokens of the fact's line, newline included, in ``model``'s encoding."""
     return tokens.count_text(fact_line(key, value) + "\n", model=model)

@@ -4,9 +4,11 @@ A summarizer proposes facts as a JSON list of ``{"key", "value", "source_seqs"}`
 the ``facts`` of a structured (``json_schema``) answer, or a ``<facts>`` block after the
 summary text. This module splits an answer into its summary and its facts, parses them,
 and drops what cannot be trusted: a fact that is not such an object, has an empty key or
-value, is too long for the facts block, cites no message or a message outside the range
-the summary covers. Every drop is said in words, for ``Summary.facts_skipped``: facts are
-skipped, never repaired or made up, and a fact's trouble never costs the summary.
+value, is too long for the facts block, holds text the database cannot store (a NUL, an
+unpaired surrogate), cites no message or a message outside the range the summary covers.
+Every drop is said in words, for ``Summary.facts_skipped``: facts are skipped, never
+repaired or made up, and a fact's trouble (JSON nested too deeply to read included) never
+costs the summary.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
+from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS, one_line
+from ctxsum.validation import unstorable
 
 # Facts one answer may propose; the rest are dropped (and said so).
 MAX_FACTS = 50
@@ -27,6 +30,7 @@ MAX_REASONS = 20
 OPEN_TAG, CLOSE_TAG = "<facts>", "</facts>"
 
 NOT_JSON = "The facts are not valid JSON ({error})."
+TOO_DEEP = "The facts are nested too deeply to be read."
 NOT_A_LIST = "The facts are not a JSON list of objects but {kind}."
 NO_FACTS_BLOCK = "The answer has no <facts> block."
 UNCLOSED_BLOCK = "The answer's <facts> block is not closed."
@@ -39,6 +43,10 @@ BAD_VALUE = "Fact {index} ({key}) has no value (a non-empty string or a number).
 BAD_SEQS = "Fact {index} ({key}) has no source_seqs (a list of message seqs)."
 KEY_TOO_LONG = "Fact {index} ({key}…): the key is longer than {limit} characters."
 VALUE_TOO_LONG = "Fact {index} ({key}): the value is longer than {limit} characters."
+UNSTORABLE = (
+    "Fact {index} ({key}): the value holds a character the database cannot store (a NUL or "
+    "an unpaired surrogate)."
+)
 EMPTY = "Fact {key} has an empty key or value."
 NO_SOURCE = "Fact {key} cites no message."
 OUTSIDE = "Fact {key} cites seq {seqs}, outside the messages summarized."
@@ -71,12 +79,6 @@ def normalize_key(text: str) -> str:
     return re.sub(r"[\W_]+", "_", text.casefold()).strip("_")
 
 
-def normalize_value(text: str) -> str:
-    """A value on one line with single spaces: how the facts block shows it, and what two
-    answers are compared by."""
-    return " ".join(text.split())
-
-
 def split_tagged(content: str) -> tuple[str, str | None, str]:
     """Split an answer written as a summary followed by ``<facts>`` JSON ``</facts>``:
     (summary, the block's text or None, why there is none). Text after the block belongs to
@@ -100,7 +102,9 @@ def facts_from_text(raw: str) -> Parsed:
     if fence:
         text = fence.group(1)
     try:
-        value = json.loads(text)
+        value = _loads(text)
+    except _TooDeep:
+        return Parsed(skipped=(TOO_DEEP,))
     except ValueError as error:
         return Parsed(skipped=(NOT_JSON.format(error=error),))
     return facts_from_json(value)
@@ -111,11 +115,14 @@ def structured_answer(content: str) -> tuple[str | None, Parsed]:
 
     An answer that is prose, not JSON (a server that ignored ``response_format``), is the
     summary with its facts skipped. One that starts as a JSON object but is not the object
-    asked for has no summary that can be trusted: (None, …).
+    asked for has no summary that can be trusted: (None, …). One nested too deeply to be
+    read keeps its summary when that comes first and whole (``salvaged_summary``).
     """
     text = content.strip()
     try:
-        value = json.loads(text)
+        value = _loads(text)
+    except _TooDeep:
+        return salvaged_summary(text), Parsed(skipped=(TOO_DEEP,))
     except ValueError:
         if text.startswith("{"):
             return None, Parsed()
@@ -138,12 +145,25 @@ def salvaged_summary(content: str) -> str | None:
         return None
     try:
         summary, end = json.JSONDecoder().raw_decode(content, match.end())
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     rest = content[end:].lstrip()
     if not isinstance(summary, str) or not summary.strip() or not rest.startswith(","):
         return None
     return summary.strip()
+
+
+class _TooDeep(ValueError):
+    """JSON nested deeper than the parser recurses."""
+
+
+def _loads(text: str) -> Any:
+    """``json.loads``; JSON nested deeper than the parser recurses (a model's answer may be
+    ``[[[[…``) raises ``_TooDeep``, a ValueError, instead of RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError as error:
+        raise _TooDeep(str(error)) from error
 
 
 def facts_from_json(value: Any) -> Parsed:
@@ -175,11 +195,14 @@ def _fact(index: int, item: Any) -> tuple[str, ProposedFact | None]:
     raw_value = item.get("value")
     if isinstance(raw_value, int | float) and not isinstance(raw_value, bool):
         raw_value = json.dumps(raw_value)
-    value = normalize_value(raw_value) if isinstance(raw_value, str) else ""
+    value = one_line(raw_value) if isinstance(raw_value, str) else ""
     if not value:
         return BAD_VALUE.format(index=index, key=key), None
     if len(value) > MAX_VALUE_CHARS:
         return VALUE_TOO_LONG.format(index=index, key=key, limit=MAX_VALUE_CHARS), None
+    if unstorable(value):
+        # One such value would fail the statement that stores every fact of the answer.
+        return UNSTORABLE.format(index=index, key=key), None
     seqs = item.get("source_seqs")
     if not isinstance(seqs, list) or not all(
         isinstance(seq, int) and not isinstance(seq, bool) for seq in seqs

@@ -8,24 +8,20 @@ from typing import Any
 
 from django.db.models import F, QuerySet
 
-from ctxsum.models import Conversation, Fact
+from ctxsum.models import FACT_ORDER, Conversation, Fact
 from ctxsum.services.fact_block import facts_chosen, facts_visible
-
-# The order facts are listed in: the block's (pinned first, then the most recently
-# confirmed), the id breaking ties so pages neither repeat nor skip a fact.
-ORDER = ("-pinned", "-confirmed_at", "key", "pk")
 
 
 def _annotated(facts: QuerySet[Fact]) -> QuerySet[Fact]:
     """With ``summary_version``: the version of the summary that wrote the value (None: a
     person's), in the same query."""
-    return facts.annotate(summary_version=F("summary__version")).order_by(*ORDER)
+    return facts.annotate(summary_version=F("summary__version")).order_by(*FACT_ORDER)
 
 
 @dataclass(frozen=True, kw_only=True)
 class FactsSeen:
-    """The facts a conversation sees (its own and its subject's), listed in ``ORDER``, and
-    the ids of those its facts block shows now."""
+    """The facts a conversation sees (its own and its subject's), listed in ``FACT_ORDER``,
+    and the ids of those its facts block shows now."""
 
     facts: list[Fact]
     shown: frozenset[int]
@@ -39,9 +35,9 @@ class FactsSeen:
 
 
 def conversation_facts(*, conversation: Conversation) -> FactsSeen:
-    """The facts ``conversation`` sees, and which of them its block shows (the same choice
-    the block's recount makes: one per key, pinned first, within FACTS_MAX_TOKENS). One
-    query."""
+    """The facts ``conversation`` sees, and which of them its block shows: the block's own
+    choice (``facts_chosen``), from the same facts in the same order as the context read.
+    One query."""
     facts = list(_annotated(facts_visible(conversation)))
     chosen = facts_chosen(facts, model=conversation.model or None)
     return FactsSeen(facts=facts, shown=frozenset(fact.pk for fact in chosen))
@@ -49,5 +45,4 @@ def conversation_facts(*, conversation: Conversation) -> FactsSeen:
 
 def subject_facts(*, owner: Any, subject: str) -> QuerySet[Fact]:
     """``owner``'s facts of ``subject`` (not those of a conversation naming it)."""
-    facts = Fact.objects.filter(owner=owner, conversation__isnull=True, subject=subject)
-    return _annotated(facts)
+    return _annotated(Fact.objects.of_subject(owner.pk, subject))

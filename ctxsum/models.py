@@ -425,6 +425,18 @@ class ChatCallDay(models.Model):
         return f"{self.user_id} {self.day}: {self.calls}"
 
 
+# The order of a conversation's facts: the order its facts block considers them in (and
+# every list of facts): pinned first, then the most recently confirmed; the key, then the
+# id, break ties, so that two reads of the same facts always agree.
+FACT_ORDER = ("-pinned", "-confirmed_at", "key", "pk")
+
+
+class FactQuerySet(models.QuerySet["Fact"]):
+    def of_subject(self, owner_id: Any, subject: str) -> FactQuerySet:
+        """The facts of ``owner_id``'s subject ``subject`` (not a conversation's own)."""
+        return self.filter(owner_id=owner_id, conversation__isnull=True, subject=subject)
+
+
 class Fact(models.Model):
     """A key fact beside the summary: a conversation's own, or a subject's (``conversation``
     NULL), shared by all of the owner's conversations that name the subject.
@@ -479,8 +491,10 @@ class Fact(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = FactQuerySet.as_manager()
+
     class Meta:
-        ordering = ["-pinned", "-confirmed_at", "key"]
+        ordering = list(FACT_ORDER)
         constraints = [
             models.CheckConstraint(
                 condition=(
@@ -518,8 +532,8 @@ class FactChange(models.Model):
     fact = models.ForeignKey(Fact, on_delete=models.CASCADE, related_name="changes")
     summary = models.ForeignKey(Summary, on_delete=models.CASCADE, related_name="fact_changes")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CREATED)
-    # The fact before the change; ``created`` when the change created it.
-    created = models.BooleanField(default=False)
+    # The fact before the change (nothing when the change created it). A redaction blanks
+    # ``old_value`` taken from the redacted message: a revert then has no value to restore.
     old_value = models.TextField(blank=True, default="")
     old_source_seqs = models.JSONField(default=list, blank=True)
     old_source_conversation = models.ForeignKey(

@@ -102,17 +102,6 @@ class ActiveContext:
         return bool(self.facts)
 
     @property
-    def facts_tokens(self) -> int:
-        """Tokens of the facts block (0: none)."""
-        return self.tokens[self.facts_index] if self.facts else 0
-
-    @property
-    def facts_index(self) -> int:
-        """Where the facts block stands (or would): after the leading message and the
-        summary."""
-        return int(self.leading) + int(self.summary is not None)
-
-    @property
     def token_count(self) -> int:
         return tokens.context_tokens(self.tokens)
 
@@ -165,10 +154,10 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
     if summary is not None:
         context.messages.append(summary_message(summary.text))
         context.tokens.append(summary.token_count)
-    # Read whatever the instance says of facts_tokens: the instance may be older than
-    # the row, the facts are not.
+    # The block from the facts as they are, counted now: not from ``facts_tokens``, which
+    # this instance may hold from before the facts' last change.
     model = conversation.model or None
-    context.facts = facts_chosen(facts_candidates(conversation), model=model)
+    context.facts = facts_chosen(list(facts_candidates(conversation)), model=model)
     if context.facts:
         context.messages.append(block_message(context.facts))
         context.tokens.append(block_tokens(context.facts, model=model))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from enum import Enum
+from typing import Any, Literal, TypeGuard
 
 from django.utils.text import format_lazy
 from django.utils.translation import gettext
@@ -70,6 +71,15 @@ MESSAGE_TOO_LARGE = _("A message is {size} bytes; the limit is {limit} bytes.")
 NUL_CHARACTER = _("Must not contain the NUL character (\\u0000).")
 UNPAIRED_SURROGATE = _("Must not contain an unpaired surrogate (\\ud800 to \\udfff).")
 NOT_FINITE = _("Must not contain a number that is not finite.")
+
+
+class _Unset(Enum):
+    UNSET = "unset"
+
+
+# The default of a keyword a partial update may leave out: None is a value it may be given.
+UNSET = _Unset.UNSET
+Unset = Literal[_Unset.UNSET]
 
 
 def unstorable(value: Any) -> str | None:

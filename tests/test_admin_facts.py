@@ -98,7 +98,7 @@ def summarized(user, offline_summarizer) -> Conversation:
         token_count=fact_tokens("booking", "NW7Q2K"),
         confirmed_at=now,
     )
-    FactChange.objects.create(fact=written, summary=summary, created=True)
+    FactChange.objects.create(fact=written, summary=summary, kind=FactChange.Kind.CREATED)
     shared = Fact.objects.create(
         owner=user,
         subject=SUBJECT,
@@ -110,7 +110,9 @@ def summarized(user, offline_summarizer) -> Conversation:
         token_count=fact_tokens("note", "prefers aisle seats"),
         confirmed_at=now,
     )
-    FactChange.objects.create(fact=shared, summary=summary, old_value="prefers window seats")
+    FactChange.objects.create(
+        fact=shared, summary=summary, kind=FactChange.Kind.UPDATED, old_value="prefers window seats"
+    )
     facts_recount([conversation])
     fact_add(user=user, conversation=conversation, key="seat", value="14A", pinned=True)
     conversation.refresh_from_db()
@@ -342,7 +344,7 @@ def test_the_pages_take_the_same_queries_however_many_facts(
         Fact.objects.filter(pk=fact.pk).update(
             summary=summary, source_conversation=summarized, source_seqs=[index % 8]
         )
-        FactChange.objects.create(fact=fact, summary=summary, created=True)
+        FactChange.objects.create(fact=fact, summary=summary, kind=FactChange.Kind.CREATED)
     review = url("conversation_review", summarized.pk)
     page(admin_client, review)  # the session's first touch is not what is counted
 

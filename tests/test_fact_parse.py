@@ -12,6 +12,8 @@ from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
 from ctxsum.fact_parse import ProposedFact
 
 FACT = {"key": "order_id", "value": "AI-101", "source_seqs": [3]}
+# JSON nested deeper than Python's parser recurses (it raises RecursionError).
+DEEP = "[" * 10_000 + "]" * 10_000
 
 
 def fact(key: str = "order_id", value: str = "AI-101", *seqs: int) -> ProposedFact:
@@ -64,6 +66,10 @@ def test_a_block_in_a_code_fence_is_read():
     assert fact_parse.facts_from_text(raw).facts == (fact(),)
 
 
+def test_facts_nested_deeper_than_the_parser_goes_are_skipped_with_the_reason():
+    assert fact_parse.facts_from_text(DEEP) == fact_parse.Parsed(skipped=(fact_parse.TOO_DEEP,))
+
+
 def test_bad_json_skips_every_fact_with_the_reason():
     parsed = fact_parse.facts_from_text('[{"key": "order_id", "value": ')
     assert parsed.facts == ()
@@ -93,6 +99,13 @@ def test_facts_of_the_wrong_shape_are_dropped_with_the_reason(value, reason):
     parsed = fact_parse.facts_from_json(value)
     assert parsed.facts == ()
     assert len(parsed.skipped) == 1 and reason in parsed.skipped[0], parsed.skipped
+
+
+@pytest.mark.parametrize("value", ["a\u0000b", "Ana \ud800", "\udfff"])
+def test_a_value_the_database_cannot_store_is_dropped_alone(value):
+    parsed = fact_parse.facts_from_json([{"key": "note", "value": value, "source_seqs": [1]}, FACT])
+    assert parsed.facts == (fact(),)
+    assert parsed.skipped == (fact_parse.UNSTORABLE.format(index=1, key="note"),)
 
 
 def test_a_bad_fact_does_not_cost_the_good_ones():
@@ -127,11 +140,14 @@ def test_a_structured_answer_gives_its_summary_and_facts():
         ("Plain prose.", "Plain prose.", fact_parse.NOT_STRUCTURED),
         (json.dumps({"summary": "S."}), "S.", fact_parse.NO_FACTS_FIELD),
         (json.dumps({"summary": "S.", "facts": "none"}), "S.", "but a str"),
+        # Facts deeper than the parser recurses, after a whole summary: the summary stands.
+        ('{"summary": "S.", "facts": ' + DEEP + "}", "S.", fact_parse.TOO_DEEP),
         # Not the object asked for: no summary to trust.
         ('{"summary": "S.", "facts": [', None, None),
         (json.dumps({"text": "S."}), None, None),
         (json.dumps({"summary": " "}), None, None),
         (json.dumps(["S."]), None, None),
+        ('{"facts": ' + DEEP + ', "summary": "S."}', None, None),
     ],
 )
 def test_a_structured_answer_that_is_not_what_was_asked(content, summary, reason):

@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from ctxsum import formatting
 from ctxsum.fact_lines import FACTS_HEADER, fact_line, fact_tokens
-from ctxsum.fact_parse import CUT_OFF, NO_FACTS_BLOCK, NOT_STRUCTURED, ProposedFact
+from ctxsum.fact_parse import CUT_OFF, NO_FACTS_BLOCK, NOT_STRUCTURED, TOO_DEEP, ProposedFact
+from ctxsum.fact_selectors import conversation_facts
 from ctxsum.models import Conversation, Fact, FactChange, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get
@@ -28,6 +29,8 @@ from ctxsum.services import (
     conversation_rebuild,
     conversation_revert,
     conversation_update,
+    fact_add,
+    fact_merge,
     message_append,
     message_redact,
 )
@@ -160,7 +163,7 @@ def test_one_structured_call_returns_the_summary_and_its_facts(user, openai_summ
     assert order.token_count == fact_tokens("order_id", "AI-101")
     assert facts["email"].source_seqs == [1, 3]
     changes = FactChange.objects.filter(summary=summary)
-    assert sorted(changes.values_list("kind", "created")) == [(Kind.CREATED, True)] * 2
+    assert list(changes.values_list("kind", "old_value")) == [(Kind.CREATED, "")] * 2
     # The block follows the summary: [system, summary, facts, the kept two].
     context = context_get(conversation=conversation)
     assert len(context.messages) == 5
@@ -247,6 +250,10 @@ def test_the_facts_format_option_is_checked(value, message):
         ("json_schema", [{"key": "a", "value": "x", "source_seqs": [2, 5]}], "seq 5, outside"),
         ("json_schema", [{"key": "a", "value": "x", "source_seqs": []}], "cites no message"),
         ("tagged", None, NO_FACTS_BLOCK),
+        # Deeper than the JSON parser recurses: the summary stands all the same.
+        ("tagged", "[" * 10_000 + "]" * 10_000, TOO_DEEP),
+        ("json_schema", "[" * 10_000 + "]" * 10_000, TOO_DEEP),
+        ("json_schema", '[{"key": "a", "value": ' + "[" * 10_000, TOO_DEEP),
     ],
 )
 def test_malformed_facts_keep_the_summary_and_say_why(
@@ -263,6 +270,24 @@ def test_malformed_facts_keep_the_summary_and_say_why(
     assert reason in result.summary.facts_skipped, result.summary.facts_skipped
     assert not Fact.objects.exists() and not FactChange.objects.exists()
     assert context_get(conversation=conversation).facts == []
+
+
+def test_a_fact_the_database_cannot_store_is_skipped_alone(user, openai_summarizer):
+    """A NUL or an unpaired surrogate in a value: PostgreSQL's text refuses both (and
+    neither encodes as UTF-8). That fact is skipped; the others of the answer stand."""
+    openai_summarizer.facts = [
+        {"key": "order_id", "value": "AI-101", "source_seqs": [1]},
+        {"key": "note", "value": "a\u0000b", "source_seqs": [1]},
+        {"key": "name", "value": "Ana \ud800", "source_seqs": [3]},
+        {"key": "email", "value": "ana@example.com", "source_seqs": [3]},
+    ]
+    conversation = build(user)
+
+    result = compact(conversation)
+
+    assert sorted(facts_of(conversation)) == ["email", "order_id"]
+    skipped = result.summary.facts_skipped.splitlines()
+    assert [line.split(":")[0] for line in skipped] == ["Fact 2 (note)", "Fact 3 (name)"]
 
 
 def test_a_server_that_ignores_response_format_gives_a_plain_summary(
@@ -456,6 +481,58 @@ def test_a_subjects_facts_reach_every_conversation_of_its_owner_naming_it(
     # Not another subject's, not another owner's.
     assert context_get(conversation=elsewhere).facts == []
     assert context_get(conversation=strangers).facts == []
+
+
+def test_a_subject_fact_the_model_changes_moves_every_showing_conversations_revision(
+    user, openai_summarizer
+):
+    """The value goes from "gold" to "blue", which cost the same tokens: the sibling's block
+    keeps its size, not its text, so its revision moves all the same."""
+    assert fact_tokens("plan", "gold") == fact_tokens("plan", "blue")
+    first = build(user, subject="customer-42")
+    second = build(user, subject="customer-42")
+    sibling = conversation_create(owner=user, subject="customer-42", system=SYSTEM)
+    openai_summarizer.facts = [{"key": "plan", "value": "gold", "source_seqs": [2]}]
+    compact(first)
+    sibling.refresh_from_db()
+    block, revision = sibling.facts_tokens, sibling.revision
+    openai_summarizer.facts = [{"key": "plan", "value": "blue", "source_seqs": [2]}]
+
+    version = compact(second).summary.version
+
+    assert Fact.objects.get(key="plan").value == "blue"
+    sibling.refresh_from_db()
+    assert (sibling.facts_tokens, sibling.revision) == (block, revision + 1)
+    first.refresh_from_db()
+    revisions = first.revision
+    # And back: the revert of that version changes the text again.
+    conversation_revert(conversation=second, version=version)
+    assert Fact.objects.get(key="plan").value == "gold"
+    sibling.refresh_from_db()
+    first.refresh_from_db()
+    assert (sibling.revision, first.revision) == (revision + 2, revisions + 1)
+    for conversation in (first, second, sibling):
+        assert_context_invariants(conversation)
+
+
+def test_a_subjects_fact_costs_the_same_whichever_conversation_wrote_it(user, openai_summarizer):
+    """A subject's fact is shown to conversations of any model: its ``token_count`` is
+    counted with DEFAULT_MODEL's encoding, as when a person writes it; a conversation's own
+    fact with the conversation's model."""
+    value = "Zürich, Schweiz — Bahnhofstraße 12"
+    assert fact_tokens("address", value, model="gpt-4") != fact_tokens("address", value)
+    subject = build(user, subject="customer-42", model="gpt-4")
+    own = build(user, model="gpt-4")
+    openai_summarizer.facts = [{"key": "address", "value": value, "source_seqs": [1]}]
+
+    compact(subject)
+    compact(own)
+
+    shared = Fact.objects.get(subject="customer-42")
+    assert shared.token_count == fact_tokens("address", value)
+    assert facts_of(own)["address"].token_count == fact_tokens("address", value, model="gpt-4")
+    person = fact_add(user=user, subject="customer-42", key="city", value=value)
+    assert person.token_count == fact_tokens("city", value)
 
 
 def test_a_conversation_that_takes_a_subject_shows_its_facts(user):
@@ -660,6 +737,27 @@ def test_a_subjects_fact_another_conversation_confirmed_outlives_a_revert(user, 
         assert_context_invariants(conversation)
 
 
+def test_a_confirmation_another_conversation_made_since_outlives_a_revert(user, openai_summarizer):
+    """The first conversation writes the fact, the second confirms it, the third confirms
+    it again: reverting the second's version leaves the third's confirmation."""
+    first, second, third = (build(user, subject="customer-42") for _ in range(3))
+    openai_summarizer.facts = [{"key": "plan", "value": "gold", "source_seqs": [1]}]
+    compact(first)
+    openai_summarizer.facts = [{"key": "plan", "value": "gold", "source_seqs": [2]}]
+    version = compact(second).summary.version
+    openai_summarizer.facts = [{"key": "plan", "value": "gold", "source_seqs": [3]}]
+    compact(third)
+    confirmed = Fact.objects.get(subject="customer-42")
+
+    conversation_revert(conversation=second, version=version)
+
+    plan = Fact.objects.get(subject="customer-42")
+    assert (plan.source_conversation, plan.source_seqs) == (third, [3])
+    assert plan.confirmed_at == confirmed.confirmed_at
+    for conversation in (first, second, third):
+        assert_context_invariants(conversation)
+
+
 def test_a_rebuild_confirms_facts_and_its_revert_takes_that_back(user, openai_summarizer, settings):
     conversation = build(user)
     openai_summarizer.facts = [{"key": "city", "value": "Delhi", "source_seqs": [2]}]
@@ -680,6 +778,53 @@ def test_a_rebuild_confirms_facts_and_its_revert_takes_that_back(user, openai_su
 
     back = Fact.objects.get(pk=city.pk)
     assert (back.source_seqs, back.confirmed_at) == ([2], city.confirmed_at)
+    assert_context_invariants(conversation)
+
+
+# --------------------------------------------------------------------------- locks
+
+
+@pytest.fixture
+def subject_locks(monkeypatch: Any) -> list[dict[str, Any]]:
+    """The locks of a subject's conversations that commits take (``facts_lock``)."""
+    taken: list[dict[str, Any]] = []
+    original = fact_merge.conversations_lock
+
+    def spy(**kwargs: Any) -> Any:
+        taken.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(fact_merge, "conversations_lock", spy)
+    return taken
+
+
+def test_a_commit_with_no_facts_to_write_locks_only_its_own_row(
+    user, openai_summarizer, settings, subject_locks
+):
+    """Compaction, rebuild, revert and redaction lock every conversation of the subject
+    only when they write facts: a summary without facts, a version that wrote none, a
+    message no fact cites need the conversation's own row alone."""
+    conversation = build(user, subject="customer-42")
+    conversation_create(owner=user, subject="customer-42")
+    openai_summarizer.facts = []
+    version = compact(conversation).summary.version
+    message_redact(conversation=conversation, seq=2)
+    conversation_revert(conversation=conversation, version=version)
+    assert subject_locks == []
+
+    openai_summarizer.facts = [{"key": "plan", "value": "gold", "source_seqs": [1]}]
+    compact(conversation)
+    assert len(subject_locks) == 1
+    message_redact(conversation=conversation, seq=3)  # no fact cites it
+    assert len(subject_locks) == 1
+    message_redact(conversation=conversation, seq=1)
+    assert len(subject_locks) == 2 and not Fact.objects.exists()
+    settings.CTXSUM = {**settings.CTXSUM, "PROMPT_VERSION": "2"}
+    openai_summarizer.facts = []
+    rebuilt = conversation_rebuild(conversation=conversation)
+    assert rebuilt.rebuilt
+    conversation_revert(conversation=conversation, version=rebuilt.summary.version)
+    assert len(subject_locks) == 2
     assert_context_invariants(conversation)
 
 
@@ -753,6 +898,43 @@ def test_redacting_a_message_deletes_the_models_facts_taken_from_it(user, openai
     assert "ana@example.com" not in str(context_get(conversation=sibling).messages)
 
 
+def test_redaction_leaves_the_text_nowhere_in_the_facts_nor_their_history(user, openai_summarizer):
+    """The first version takes the e-mail from message 1, the second changes it (from
+    message 5) and proposes a meal for a person's fact. Redacting message 1 scrubs the old
+    e-mail from the second version's record, so reverting it cannot bring it back, and
+    withdraws the proposal of every version covering the message."""
+    conversation = build(user, subject="customer-42")
+    sibling = conversation_create(owner=user, subject="customer-42")
+    fact_add(user=user, subject="customer-42", key="meal", value="vegetarian")
+    openai_summarizer.facts = [
+        {"key": "email", "value": "ana.old@example.com", "source_seqs": [1]},
+        {"key": "city", "value": "Delhi", "source_seqs": [3]},
+    ]
+    compact(conversation)
+    message_append(conversation=conversation, messages=history(7, 4))  # seqs 7-10
+    openai_summarizer.facts = [
+        {"key": "email", "value": "ana.new@example.com", "source_seqs": [5]},
+        {"key": "meal", "value": "no peanuts at all", "source_seqs": [5]},
+    ]
+    second = compact(conversation).summary
+    assert Fact.objects.get(key="meal").proposed_value == "no peanuts at all"
+
+    message_redact(conversation=conversation, seq=1)
+    conversation_revert(conversation=conversation, version=second.version)
+
+    def stored() -> str:
+        rows = [*Fact.objects.values(), *FactChange.objects.values()]
+        return str(rows)
+
+    assert "ana.old@example.com" not in stored()
+    assert "no peanuts at all" not in stored()
+    # The e-mail the reverted version wrote is gone too: nothing of it is left to show.
+    assert sorted(Fact.objects.values_list("key", flat=True)) == ["city", "meal"]
+    assert not Fact.objects.filter(value="").exists()
+    for each in (conversation, sibling):
+        assert_context_invariants(each)
+
+
 def test_the_block_is_chosen_from_a_bounded_read(user, settings):
     """However many facts a conversation gathered, its context reads as many as a block
     could show (pinned first, then the most recently confirmed)."""
@@ -787,3 +969,34 @@ def test_the_block_is_chosen_from_a_bounded_read(user, settings):
     keys = [fact.key for fact in context.facts]
     assert keys[:3] == ["oldest", "k000", "k001"] and block_tokens(context.facts) <= 40
     assert_context_invariants(conversation)
+
+
+def test_in_context_says_what_the_block_shows(user, settings):
+    """Long facts, confirmed last, fill the read the block is chosen from, none of them
+    fitting; a short one behind them would fit. The block shows none, and the list of
+    facts must not say otherwise."""
+    settings.CTXSUM = {**settings.CTXSUM, "FACTS_MAX_TOKENS": 40}
+    conversation = conversation_create(owner=user, messages=[user_message("Hi")])
+    now = timezone.now()
+    long = "a value far too long for a block of forty tokens " * 2
+    Fact.objects.bulk_create(
+        Fact(
+            owner=user,
+            conversation=conversation,
+            key=f"k{index:03d}",
+            value=long,
+            confirmed_at=now - timedelta(seconds=index),
+            token_count=fact_tokens(f"k{index:03d}", long),
+        )
+        for index in range(candidates_limit())
+    )
+    short = person_writes(
+        conversation, key="short", value="v", confirmed_at=now - timedelta(days=1)
+    )
+
+    seen = conversation_facts(conversation=conversation)
+
+    shown = context_get(conversation=conversation).facts
+    assert shown == []
+    assert short.pk not in seen.shown
+    assert seen.shown == {fact.pk for fact in shown}

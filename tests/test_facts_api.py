@@ -263,9 +263,10 @@ def test_patch_changes_value_key_and_pin_and_settles_a_proposal(api, user, offli
     assert Fact.objects.get(pk=fact.pk).proposed_by is None
     # Same token count, other words: the revision still moves (the block's text changed).
     assert counters(conversation)[2] == revision + 1
-    renamed = patch(api, facts_url(conversation, fact), {"key": "return flight"}).json()
-    assert renamed["key"] == "return flight"
-    assert renamed["token_count"] == fact_tokens("return flight", "NW 488")
+    # A key is normalized as the summarizer's are.
+    renamed = patch(api, facts_url(conversation, fact), {"key": "Return flight"}).json()
+    assert renamed["key"] == "return_flight"
+    assert renamed["token_count"] == fact_tokens("return_flight", "NW 488")
     active, facts_tokens, _ = counters(conversation)
     assert facts_tokens == expected_block(conversation)
     assert active == outside + facts_tokens

@@ -1,7 +1,9 @@
 """Key facts of a subject under concurrency, on PostgreSQL row locks: a compaction's commit
 and a person's edit of the subject's facts lock the subject's conversations in primary-key
-order, so neither ever holds one of them while waiting for another out of order: no
-deadlock, whichever comes first.
+order, and a person's edit takes the owner's row before them FOR NO KEY UPDATE, which the
+foreign-key check of a compaction's new fact (FOR KEY SHARE on the owner's row, at its
+commit) does not wait for: no deadlock, whichever comes first. A commit with no fact to
+write locks its own row only.
 
 As in tests/test_races.py, each worker is a thread with its own connection, the summarizer
 is the real OpenAI backend talking to a local server in "hold" mode, and a worker waiting
@@ -20,7 +22,8 @@ from django.utils import timezone
 from ctxsum.fact_lines import fact_tokens
 from ctxsum.models import Conversation, Fact
 from ctxsum.selectors import context_get
-from ctxsum.services import conversation_create
+from ctxsum.services import compaction as compaction_module
+from ctxsum.services import conversation_create, fact_add
 from ctxsum.services.fact_block import conversations_lock, facts_recount
 from tests.factories import assistant_message, long_user_message
 from tests.invariants import assert_context_invariants
@@ -119,3 +122,50 @@ def test_two_compactions_of_one_subject_commit_one_after_the_other(user, fake):
     assert plan.value == "gold" and plan.changes.count() == 2  # created, then confirmed
     for conversation in (low, high):
         assert_context_invariants(conversation)
+
+
+def test_a_persons_subject_fact_and_a_compaction_writing_one_do_not_deadlock_on_the_owner(
+    user, fake, monkeypatch
+):
+    """The compaction's commit holds the subject's conversations and has inserted a fact;
+    a person's write of a subject fact takes the owner's row, then waits for those
+    conversations. At its commit the compaction's foreign-key check of the new fact's owner
+    takes a key-share lock on that row: the person's lock of it must not conflict (FOR NO
+    KEY UPDATE), or each waits for the other."""
+    low, high = subject_pair(user)
+    fake.facts = [{"key": "plan", "value": "gold", "source_seqs": [0]}]
+    merged, go_on = threading.Event(), threading.Event()
+    original = compaction_module.facts_commit
+
+    def facts_commit(**kwargs: Any) -> None:
+        original(**kwargs)
+        merged.set()
+        assert go_on.wait(15)
+
+    monkeypatch.setattr(compaction_module, "facts_commit", facts_commit)
+    compaction = compact_held(high, fake, force=True)
+    fake.release()
+    assert merged.wait(15)  # the commit holds both conversations, the new fact inserted
+    person = start(lambda: fact_add(user=user, subject=SUBJECT, key="vat", value="ES-B123"))
+    assert wait_until(lambda: blocked(person.pid))  # the owner's row taken, waits for low
+    go_on.set()
+
+    assert compaction.outcome().compacted
+    person.outcome()
+    keys = sorted(Fact.objects.filter(subject=SUBJECT).values_list("key", flat=True))
+    assert keys == ["plan", "vat"]
+    for conversation in (low, high):
+        assert_context_invariants(conversation)
+
+
+def test_a_compaction_without_facts_does_not_wait_for_its_subjects_conversations(user, fake):
+    """Its commit writes no fact: it locks its own row only, so another transaction holding
+    a sibling's row (an append to it, say) does not hold it up."""
+    low, high = subject_pair(user)
+    fake.facts = []
+    compaction = compact_held(high, fake, force=True)
+    with transaction.atomic():
+        list(Conversation.objects.select_for_update().filter(pk=low.pk))
+        fake.release()
+        assert compaction.outcome(timeout=10).compacted
+    assert_context_invariants(high)

@@ -60,6 +60,23 @@ class TestWrites:
         assert state(conversation) == (messages + block(conversation), block(conversation), 2)
         assert conversation.revision == 2 and conversation.facts_tokens == block(conversation)
 
+    def test_a_persons_key_is_normalized_like_the_models(self, user):
+        """A person's "Order ID" and the summarizer's "order_id" are one fact."""
+        conversation = conversation_create(owner=user, subject=SUBJECT)
+
+        fact = fact_add(user=user, subject=SUBJECT, key=" Order ID", value="AI-101")
+
+        assert fact.key == "order_id"
+        for key in ("order-id", "ORDER_ID"):
+            with pytest.raises(ValidationError) as raised:
+                fact_add(user=user, subject=SUBJECT, key=key, value="AI-102")
+            assert list(raised.value.message_dict) == ["key"]
+        fact_change(fact=fact, user=user, key="Order number")
+        assert fact.key == "order_number"
+        with pytest.raises(ValidationError) as raised:
+            fact_add(user=user, conversation=conversation, key="!!!", value="v")
+        assert list(raised.value.message_dict) == ["key"]
+
     def test_a_staff_members_fact_still_belongs_to_the_conversations_owner(self, user, other_user):
         conversation = conversation_create(owner=user)
         fact = fact_add(user=other_user, conversation=conversation, key="k", value="v")

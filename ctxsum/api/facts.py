@@ -70,8 +70,9 @@ class ConversationFactList(CtxsumView):
         request=FactCreateInputSerializer,
         errors_too=schema.BODY,
         description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
-        "are stripped and must not be blank; a key the conversation has already is a 400 "
-        "naming `key`. To share a fact with every conversation of a subject, add it to the "
+        "are stripped and must not be blank; the key is normalized as the summarizer's are "
+        "(`Order ID` is `order_id`), and one the conversation has already is a 400 naming "
+        "`key`. To share a fact with every conversation of a subject, add it to the "
         f"subject instead. {WRITE_NOTE}",
     )
     def post(self, request: Request, pk: str) -> Response:
@@ -173,7 +174,8 @@ class SubjectFactList(SubjectView):
         parameters=[schema.SUBJECT],
         errors_too=schema.BODY,
         description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
-        "are stripped and must not be blank; a key the subject has already is a 400 naming "
+        "are stripped and must not be blank; the key is normalized as the summarizer's are "
+        "(`Order ID` is `order_id`), and one the subject has already is a 400 naming "
         f"`key`. A subject's fact may come before any conversation names it. {WRITE_NOTE}",
     )
     def post(self, request: Request, subject: str) -> Response:

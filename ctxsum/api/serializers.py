@@ -131,9 +131,15 @@ class CompactInputSerializer(StrictSerializer):
     dry_run = serializers.BooleanField(default=False)
 
 
+KEY_HELP = (
+    "Normalized as the summarizer's keys are: lower case, each run of characters other than "
+    "letters and digits one underscore (`Order ID` is `order_id`)."
+)
+
+
 class FactInputSerializer(StrictSerializer):
     """PATCH of a fact: any of its value, key and pin. The service strips and checks them
-    (blank, too long, a key over more than one line)."""
+    (blank, too long, a key over more than one line) and normalizes the key."""
 
     value = StringField(
         required=False,
@@ -144,7 +150,11 @@ class FactInputSerializer(StrictSerializer):
         "the proposed value to accept it.",
     )
     key = StringField(
-        required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_KEY_CHARS
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=MAX_KEY_CHARS,
+        help_text=KEY_HELP,
     )
     pinned = StrictBooleanField(
         required=False, help_text="Pinned facts come first in the facts block."
@@ -153,7 +163,9 @@ class FactInputSerializer(StrictSerializer):
 
 class FactCreateInputSerializer(FactInputSerializer):
     value = StringField(allow_blank=True, trim_whitespace=False, max_length=MAX_VALUE_CHARS)
-    key = StringField(allow_blank=True, trim_whitespace=False, max_length=MAX_KEY_CHARS)
+    key = StringField(
+        allow_blank=True, trim_whitespace=False, max_length=MAX_KEY_CHARS, help_text=KEY_HELP
+    )
     pinned = StrictBooleanField(default=False)
 
 

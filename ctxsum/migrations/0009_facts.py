@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
                 ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                "ordering": ["-pinned", "-confirmed_at", "key"],
+                "ordering": ["-pinned", "-confirmed_at", "key", "pk"],
             },
         ),
         migrations.CreateModel(
@@ -66,7 +66,6 @@ class Migration(migrations.Migration):
                         max_length=16,
                     ),
                 ),
-                ("created", models.BooleanField(default=False)),
                 ("old_value", models.TextField(blank=True, default="")),
                 ("old_source_seqs", models.JSONField(blank=True, default=list)),
                 ("old_confirmed_at", models.DateTimeField(blank=True, null=True)),

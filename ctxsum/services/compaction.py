@@ -220,8 +220,9 @@ def _commit(
     """Insert the summary and archive the covered messages, if the snapshot still holds."""
     previous, archived = run.context.summary, run.archived
     with transaction.atomic(using=run.db):
-        # A subject's conversations first, in pk order, this one among them (fact_merge).
-        shown = facts_lock(run.conversation, db=run.db)
+        # A subject's conversations first, in pk order, this one among them, when there are
+        # facts to merge (fact_merge); else the row's own lock is all it takes.
+        shown = facts_lock(run.conversation, db=run.db) if written.facts else []
         locked = _lock_snapshot(run, token)
         first = previous.from_seq if previous else archived[0].seq
         summary = summary_insert(

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
@@ -23,20 +22,12 @@ from ctxsum.services.fact_block import facts_recount
 from ctxsum.services.facts import owner_lock, subject_problem
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
-from ctxsum.validation import NOT_A_STRING, unstorable
+from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
 
 NOT_AN_OBJECT = _("Must be an object.")
 TOO_LONG = _("Must be at most {limit} characters.")
 SYSTEM_AND_LEADING = _("Give the system prompt either as `system` or as a leading system message.")
 POLICY_FIELDS = ("trigger", "keep", "max_context_tokens")
-
-
-class _Unset(Enum):
-    UNSET = "unset"
-
-
-UNSET = _Unset.UNSET
-Unset = Literal[_Unset.UNSET]
 
 
 def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> None:

@@ -2,17 +2,22 @@
 conversation's counters whenever facts change.
 
 The block is one user message after the summary (``ctxsum.fact_lines``): a conversation's
-own facts and its subject's, pinned first, then the most recently confirmed, as many as
-``FACTS_MAX_TOKENS`` allows. Its tokens are part of ``Conversation.active_tokens``, so the
-trigger counts it like any message; ``Conversation.facts_tokens`` remembers its share.
+own facts and its subject's, in ``FACT_ORDER`` (pinned first, then the most recently
+confirmed), as many as ``FACTS_MAX_TOKENS`` allows. Its tokens are part of
+``Conversation.active_tokens``, so the trigger counts it like any message;
+``Conversation.facts_tokens`` remembers its share.
 
-Lock order: whoever changes facts locks the conversations that show them in primary-key
-order (``conversations_lock``) before writing, so two writers never wait on each other in
-a cycle.
+Lock order (docs/architecture.md, "Key facts"): the owner's user row first, FOR NO KEY
+UPDATE (``services.facts.owner_lock``: a person's write of a subject's fact, a conversation
+taking or leaving a subject), then the conversations that show the facts being changed, in
+primary-key order (``conversations_lock``), then a fact's own row. Each step is optional,
+none is taken out of this order, so no two writers of facts wait on each other in a cycle.
 """
 
 from __future__ import annotations
 
+import calendar
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,8 +25,8 @@ from django.db.models import Q, QuerySet
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
-from ctxsum.fact_lines import FACTS_HEADER, fact_line
-from ctxsum.models import Conversation, Fact
+from ctxsum.fact_lines import FACTS_HEADER, fact_line, fact_tokens
+from ctxsum.models import FACT_ORDER, Conversation, Fact
 
 # What a recount changes on the conversation row.
 BLOCK_FIELDS = ("facts_tokens", "active_tokens", "revision", "updated_at")
@@ -31,22 +36,23 @@ MIN_LINE_TOKENS = 3
 
 
 def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
-    """The conversation's own facts and, when it names a subject, the subject's."""
-    mine = Q(conversation=conversation)
-    if conversation.subject:
-        mine |= Q(
-            owner_id=conversation.owner_id,
-            conversation__isnull=True,
-            subject=conversation.subject,
-        )
+    """The conversation's own facts and, when it names a subject, the subject's, in
+    ``FACT_ORDER``."""
     db = conversation._state.db
-    return (Fact.objects.using(db) if db else Fact.objects.all()).filter(mine)
+    facts = Fact.objects.using(db) if db else Fact.objects.all()
+    visible = facts.filter(conversation=conversation)
+    if conversation.subject:
+        visible |= facts.of_subject(conversation.owner_id, conversation.subject)
+    return visible.order_by(*FACT_ORDER)
 
 
-def block_order(fact: Fact) -> tuple[bool, float, str]:
-    """The order the block considers facts in: pinned first, then the most recently
-    confirmed (``Fact.Meta.ordering``)."""
-    return (not fact.pinned, -fact.confirmed_at.timestamp(), fact.key)
+def block_order(fact: Fact) -> tuple[bool, int, str, float]:
+    """``FACT_ORDER`` as a sort key. A fact not stored yet (a merge's new one) comes after
+    the stored ones of its key: it will have the larger id."""
+    confirmed = fact.confirmed_at
+    micros = calendar.timegm(confirmed.utctimetuple()) * 1_000_000 + confirmed.microsecond
+    pk: int | None = fact.pk
+    return (not fact.pinned, -micros, fact.key, math.inf if pk is None else pk)
 
 
 def candidates_limit() -> int:
@@ -57,27 +63,33 @@ def candidates_limit() -> int:
 
 
 def facts_candidates(conversation: Conversation) -> QuerySet[Fact]:
-    """The facts the conversation's block is chosen from (one query): ``facts_visible``
-    in block order, the first ``candidates_limit()``."""
-    ordered = facts_visible(conversation).order_by("-pinned", "-confirmed_at", "key")
-    return ordered[: candidates_limit()]
+    """The facts the conversation's block is chosen from (one query): the first
+    ``candidates_limit()`` of ``facts_visible``."""
+    return facts_visible(conversation)[: candidates_limit()]
 
 
-def facts_chosen(facts: Iterable[Fact], *, model: str | None = None) -> list[Fact]:
-    """The facts the block shows, in its order: one per key (the conversation's own before
-    the subject's), pinned first, then the most recently confirmed, as long as the block
-    stays within FACTS_MAX_TOKENS (a fact that does not fit is left out, a shorter one
-    after it may still fit)."""
-    limit = ctxsum_settings.FACTS_MAX_TOKENS
+def one_per_key(facts: Iterable[Fact]) -> dict[str, Fact]:
+    """``facts`` by key, one each: where a conversation's own fact and its subject's share a
+    key, its own (the one its block shows, and the one the summarizer writes to)."""
     by_key: dict[str, Fact] = {}
     for fact in facts:
         kept = by_key.get(fact.key)
         if kept is None or (kept.conversation_id is None and fact.conversation_id is not None):
             by_key[fact.key] = fact
-    ordered = sorted(by_key.values(), key=block_order)
+    return by_key
+
+
+def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[Fact]:
+    """The facts the block shows, in its order, from the facts the conversation sees in
+    ``FACT_ORDER`` (all of them, or at least the first ``candidates_limit()``, which is what
+    the block is chosen from): one per key (``one_per_key``), as long as the block stays
+    within FACTS_MAX_TOKENS (a fact that does not fit is left out, a shorter one after it
+    may still fit)."""
+    limit = ctxsum_settings.FACTS_MAX_TOKENS
+    candidates = one_per_key(ordered[: candidates_limit()]).values()
     chosen: list[Fact] = []
     used = _header_tokens(model)
-    for fact in ordered:
+    for fact in sorted(candidates, key=block_order):
         if used + fact.token_count <= limit:
             chosen.append(fact)
             used += fact.token_count
@@ -104,6 +116,15 @@ def _header_tokens(model: str | None) -> int:
     return tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
 
 
+def line_tokens(fact: Fact, *, model: str | None) -> int:
+    """``fact``'s ``token_count``: its line, counted with ``model`` (the model of the
+    conversation whose own fact it is) or, for a subject's fact, shown to conversations of
+    any model, with DEFAULT_MODEL's encoding, whoever writes it. Each block is counted
+    exactly with its conversation's model (``block_tokens``)."""
+    own = fact.conversation_id is not None
+    return fact_tokens(fact.key, fact.value, model=model if own else None)
+
+
 def conversations_lock(
     *, db: str, owner_id: Any, subject: str = "", conversation_id: Any = None
 ) -> list[Conversation]:
@@ -118,16 +139,18 @@ def conversations_lock(
 def facts_count(conversation: Conversation) -> int:
     """Tokens of the conversation's facts block as its facts stand now (one query)."""
     model = conversation.model or None
-    return block_tokens(facts_chosen(facts_candidates(conversation), model=model), model=model)
+    shown = facts_chosen(list(facts_candidates(conversation)), model=model)
+    return block_tokens(shown, model=model)
 
 
-def facts_recount(locked: Sequence[Conversation]) -> None:
+def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> None:
     """Recount the facts block of each conversation (locked by the caller) and move its
-    ``active_tokens`` and ``revision`` by what changed; rows whose block costs the same
-    are left alone."""
+    ``active_tokens`` by what its size changed, and its ``revision`` once: when the size
+    changed or, with ``changed`` (facts it shows were written: a value of the same size
+    still reads differently), in any case. Rows left as they were are not saved."""
     for conversation in locked:
         count = facts_count(conversation)
-        if count == conversation.facts_tokens:
+        if count == conversation.facts_tokens and not changed:
             continue
         conversation.active_tokens += count - conversation.facts_tokens
         conversation.facts_tokens = count

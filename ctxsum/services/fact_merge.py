@@ -1,5 +1,6 @@
 """The key facts a summary version proposed, merged by key into the stored facts inside the
-commit of the compaction or rebuild that wrote the version; and undone with the version.
+commit of the compaction or rebuild that wrote the version; undone with the version; taken
+back when a message they came from is redacted.
 
 Where they go: a conversation that names a subject writes the subject's facts (shared by
 every conversation of its owner naming it), unless it has a fact of its own under that key;
@@ -10,14 +11,17 @@ confirmed (``confirmed_at``, ``source_seqs``); a new value replaces the old one,
 fact is pinned or a person wrote it: then it is only proposed (``proposed_value``). Every
 write records a ``FactChange`` with the fact as it was, which is what a revert restores.
 
-Lock order: the facts of a subject are shown by all of its conversations, and whoever
-changes them locks those conversations in primary-key order before anything else
-(``facts_lock``, which is ``fact_block.conversations_lock``). A compaction's commit does it
-before it locks its own row (which is one of them), so it never holds one of them while
-waiting for another out of order: it cannot deadlock with a person's edit of those facts,
-which locks them the same way.
+Lock order (services/fact_block.py): the facts of a subject are shown by all of its
+conversations, and a commit that changes them locks those conversations in primary-key
+order (``facts_lock``) before its own lease-filtered lock of its row (one of them), as a
+person's write of them does after the owner's row. A commit with no fact to write (an
+answer without facts, a version that wrote none, a message no fact cites) locks its own row
+only. The owner's row is locked FOR NO KEY UPDATE, so the foreign-key check of a new fact's
+owner (FOR KEY SHARE, at the commit) never waits for a person's write that waits for these
+conversations.
 
-Facts never cost a summary: data the merge cannot store is skipped, said in
+Facts never cost a summary: a fact the database could not store is dropped when the answer
+is parsed (``ctxsum.fact_parse``); data the merge still cannot store is skipped, said in
 ``Summary.facts_skipped``, and the summary commits; a database error still rolls back the
 whole commit.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -34,19 +39,20 @@ from django.db import DataError, transaction
 from django.utils import timezone
 
 from ctxsum import fact_parse
-from ctxsum.fact_lines import fact_tokens
+from ctxsum.fact_lines import one_line
 from ctxsum.fact_parse import ProposedFact
 from ctxsum.models import Conversation, Fact, FactChange, Summary
 from ctxsum.services.fact_block import (
     block_order,
     block_tokens,
-    candidates_limit,
     conversations_lock,
     facts_candidates,
     facts_chosen,
     facts_count,
     facts_recount,
     facts_visible,
+    line_tokens,
+    one_per_key,
 )
 
 logger = logging.getLogger("ctxsum.compaction")
@@ -66,11 +72,12 @@ MODEL, PERSON = Fact.ChangedBy.MODEL, Fact.ChangedBy.PERSON
 
 
 def facts_lock(conversation: Conversation, *, db: str) -> list[Conversation]:
-    """The first lock of a commit that may change facts, before the commit's own row lock:
+    """The first lock of a commit that changes facts, before the commit's own row lock:
     when ``conversation`` names a subject, every conversation of its owner naming it (the
     facts it writes are theirs too), in primary-key order, its own row among them. Nothing
     when it names none: the commit's own row lock covers its own facts. Inside the caller's
-    transaction."""
+    transaction; a commit with no fact to change skips it (``facts_to_revert``,
+    ``facts_cite``; a summary without facts)."""
     if not conversation.subject:
         return []
     return conversations_lock(
@@ -79,6 +86,17 @@ def facts_lock(conversation: Conversation, *, db: str) -> list[Conversation]:
         subject=conversation.subject,
         conversation_id=conversation.pk,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Merged:
+    """What a merge did: ``count``, the tokens of the committing conversation's facts block
+    afterwards; ``skipped``, why facts were left out; ``shared``, whether it changed a
+    subject's fact that the subject's other conversations may show."""
+
+    count: int
+    skipped: list[str] = field(default_factory=list)
+    shared: bool = False
 
 
 def facts_commit(
@@ -108,15 +126,15 @@ def facts_commit(
     try:
         # A savepoint: a merge that fails on its data leaves the summary's commit intact.
         with transaction.atomic(using=locked._state.db):
-            count, reasons = facts_merge(locked=locked, summary=summary, facts=facts, room=room)
+            merged = facts_merge(locked=locked, summary=summary, facts=facts, room=room)
     except (DataError, ValidationError, ValueError) as error:
         logger.warning("Key facts of conversation %s not stored: %s", locked.pk, error)
         _skipped(summary, [NOT_STORED.format(error=error)])
         return
-    if reasons:
-        _skipped(summary, reasons)
-    _own_block(locked, count)
-    facts_recount([conversation for conversation in shown if conversation.pk != locked.pk])
+    if merged.skipped:
+        _skipped(summary, merged.skipped)
+    _own_block(locked, merged.count)
+    _others(locked, shown, shared=merged.shared)
 
 
 def facts_merge(
@@ -125,29 +143,23 @@ def facts_merge(
     summary: Summary,
     facts: Sequence[ProposedFact],
     room: int | None = None,
-) -> tuple[int, list[str]]:
+) -> Merged:
     """Merge ``facts`` by key into the facts ``locked`` shows, recording a ``FactChange``
     for every write; the caller holds the locks (``facts_lock`` and the row's own).
 
-    Returns the tokens of ``locked``'s facts block afterwards, and why facts were left out:
-    with ``room``, a fact whose merge would grow the block past ``facts_tokens + room`` is
-    (the block is counted as it would read, before anything is written)."""
+    With ``room``, a fact whose merge would grow ``locked``'s block to more than ``room``
+    tokens past what it costs before the merge is left out (the block is counted as it
+    would read, before anything is written)."""
     db = locked._state.db or "default"
     now = timezone.now()
     model = locked.model or None
-    keys = [fact.key for fact in facts]
     # The facts under the keys proposed, and those the block is chosen from now (2 queries).
-    targets: dict[str, Fact] = {}
-    for fact in facts_visible(locked).filter(key__in=keys):
-        kept = targets.get(fact.key)
-        # The conversation's own fact wins over its subject's, as in the facts block.
-        if kept is None or (kept.conversation_id is None and fact.conversation_id is not None):
-            targets[fact.key] = fact
+    targets = one_per_key(facts_visible(locked).filter(key__in=[fact.key for fact in facts]))
     # The facts as the merge leaves them, by row (new ones by key): what the block will show.
     state: dict[object, Fact] = {fact.pk: fact for fact in facts_candidates(locked)}
 
     def block() -> int:
-        ordered = sorted(state.values(), key=block_order)[: candidates_limit()]
+        ordered = sorted(state.values(), key=block_order)
         return block_tokens(facts_chosen(ordered, model=model), model=model)
 
     count = block()
@@ -175,7 +187,13 @@ def facts_merge(
     if limit is None:
         count = block()
     _write(db, writes, summary, now)
-    return count, [CROWDED.format(count=crowded)] if crowded else []
+    return Merged(
+        count=count,
+        skipped=[CROWDED.format(count=crowded)] if crowded else [],
+        shared=any(
+            merged.conversation_id is None and kind != Kind.PROPOSED for _, merged, kind in writes
+        ),
+    )
 
 
 # What a merge changes on a fact it does not create.
@@ -216,7 +234,7 @@ def _write(
         Fact.objects.using(db).bulk_update(changed, fields=MERGED_FIELDS)
     changes = []
     for target, merged, kind in writes:
-        change = _before(target, summary) if target is not None else FactChange(created=True)
+        change = _before(target) if target is not None else FactChange()
         change.fact, change.summary, change.kind = merged, summary, kind
         changes.append(change)
     FactChange.objects.using(db).bulk_create(changes)
@@ -240,11 +258,11 @@ def _merged(
             summary=summary,
             changed_by=MODEL,
             confirmed_at=now,
-            token_count=fact_tokens(proposed.key, proposed.value, model=model),
         )
+        created.token_count = line_tokens(created, model=model)
         return created, Kind.CREATED
     merged = copy.copy(fact)
-    if fact_parse.normalize_value(fact.value) == proposed.value:
+    if one_line(fact.value) == proposed.value:
         same_source = fact.source_conversation_id == locked.pk
         seqs = {*fact.source_seqs, *proposed.source_seqs} if same_source else set()
         merged.source_seqs = sorted(seqs or proposed.source_seqs)
@@ -261,16 +279,14 @@ def _merged(
     merged.source_conversation = locked
     merged.summary = summary
     merged.confirmed_at = now
-    merged.token_count = fact_tokens(fact.key, proposed.value, model=model)
+    merged.token_count = line_tokens(merged, model=model)
     merged.proposed_value, merged.proposed_by = "", None
     return merged, Kind.UPDATED
 
 
-def _before(fact: Fact, summary: Summary) -> FactChange:
-    """A change of ``fact`` by ``summary``, holding the fact as it is before it."""
+def _before(fact: Fact) -> FactChange:
+    """A change of ``fact``, holding the fact as it is before it."""
     return FactChange(
-        fact=fact,
-        summary=summary,
         old_value=fact.value,
         old_source_seqs=list(fact.source_seqs),
         old_source_conversation_id=fact.source_conversation_id,
@@ -281,17 +297,27 @@ def _before(fact: Fact, summary: Summary) -> FactChange:
     )
 
 
+# --------------------------------------------------------------------------- revert
+
+
+def facts_to_revert(target: Summary) -> bool:
+    """Whether version ``target`` wrote facts, which a revert of it undoes (read before the
+    revert's transaction: a version's changes are all written by its own commit)."""
+    return FactChange.objects.using(target._state.db).filter(summary=target).exists()
+
+
 def facts_revert(
     *, locked: Conversation, shown: Sequence[Conversation], subject: str, target: Summary
 ) -> None:
     """Undo what version ``target`` wrote to facts, newest change first, in the revert's
     transaction: a fact it created is deleted, one it changed gets its old value, source
-    and confirmation back, a value it proposed is withdrawn. A fact a person edited or
-    pinned since stays as it is, and so does one another version changed (or, for a
-    subject's, another conversation confirmed) since. Then the
-    facts blocks are recounted, as after a merge (``locked``'s counters saved by the
-    caller). ``subject`` is the one whose conversations ``facts_lock`` locked: the facts of
-    another subject are left as they are."""
+    and confirmation back (or is deleted, when its old value came from a message redacted
+    since: ``facts_forget``), a value it proposed is withdrawn. A fact a person edited or
+    pinned since stays as it is, and so does one another version changed or another
+    conversation of the subject confirmed since. Then the facts blocks are recounted, as
+    after a merge (``locked``'s counters saved by the caller). ``subject`` is the one whose
+    conversations ``facts_lock`` locked: the facts of another subject are left as they
+    are."""
     db = locked._state.db or "default"
     changes = list(
         FactChange.objects.using(db).filter(summary=target).select_related("fact").order_by("-id")
@@ -299,6 +325,7 @@ def facts_revert(
     if not changes:
         return
     model = locked.model or None
+    shared = False
     for change in changes:
         fact = change.fact
         if not _held(fact, locked) or (fact.conversation_id is None and subject != locked.subject):
@@ -314,51 +341,118 @@ def facts_revert(
         # What the version wrote stands as it left it: not changed by another version, nor
         # confirmed by another conversation of the subject since.
         untouched = fact.summary_id == target.pk and fact.source_conversation_id == locked.pk
-        if change.kind == Kind.CREATED:
+        # Created by the version, or updated from a value redacted since (facts_forget
+        # blanked it): there is no value to go back to.
+        if change.kind == Kind.CREATED or (change.kind == Kind.UPDATED and not change.old_value):
             if untouched:
                 fact.delete()
+                shared |= fact.conversation_id is None
             continue
         if change.kind == Kind.UPDATED:
             if not untouched:
                 continue
             fact.value = change.old_value
             fact.summary_id = change.old_summary_id
-            fact.token_count = fact_tokens(fact.key, fact.value, model=model)
-        elif fact.summary_id != change.old_summary_id or fact.value != change.old_value:
-            continue  # a confirmation of a value that has changed since
+            fact.token_count = line_tokens(fact, model=model)
+        elif (
+            fact.summary_id != change.old_summary_id
+            or fact.value != change.old_value
+            or fact.source_conversation_id != locked.pk
+        ):
+            continue  # its value changed, or another conversation confirmed it, since
         fact.source_seqs = list(change.old_source_seqs)
         fact.source_conversation_id = change.old_source_conversation_id
         fact.confirmed_at = change.old_confirmed_at or fact.confirmed_at
         fact.proposed_value = change.old_proposed_value
         fact.proposed_by_id = change.old_proposed_by_id
         fact.save(using=db)
+        shared |= fact.conversation_id is None
     _own_block(locked, facts_count(locked))
-    facts_recount([conversation for conversation in shown if conversation.pk != locked.pk])
+    _others(locked, shown, shared=shared)
+
+
+# --------------------------------------------------------------------------- redaction
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Citing:
+    """What of the facts holds words of one message (``seq`` of a conversation)."""
+
+    # The model's facts taken from it (not pinned): deleted.
+    facts: list[Fact]
+    # Changes whose fact, as it was before, came from it: their old value is blanked.
+    changes: list[int]
+    # Facts with a proposal of a version that covers it, and changes holding such a
+    # proposal as it was: withdrawn, blanked. Where a proposal came from is not recorded.
+    proposals: list[int]
+    old_proposals: list[int]
+
+    def __bool__(self) -> bool:
+        return bool(self.facts or self.changes or self.proposals or self.old_proposals)
+
+
+def _citing(conversation: Conversation, seq: int, *, db: str) -> _Citing:
+    facts = Fact.objects.using(db)
+    changes = FactChange.objects.using(db)
+    covering = Summary.objects.using(db).filter(
+        conversation=conversation, from_seq__lte=seq, to_seq__gte=seq
+    )
+    model_facts = facts.filter(source_conversation=conversation, changed_by=MODEL, pinned=False)
+    earlier = changes.filter(old_source_conversation=conversation).exclude(old_value="")
+    return _Citing(
+        facts=[fact for fact in model_facts if seq in (fact.source_seqs or ())],
+        changes=[
+            pk for pk, seqs in earlier.values_list("pk", "old_source_seqs") if seq in (seqs or ())
+        ],
+        proposals=list(facts.filter(proposed_by__in=covering).values_list("pk", flat=True)),
+        old_proposals=list(
+            changes.filter(old_proposed_by__in=covering)
+            .exclude(old_proposed_value="")
+            .values_list("pk", flat=True)
+        ),
+    )
+
+
+def facts_cite(conversation: Conversation, seq: int, *, db: str) -> bool:
+    """Whether anything of the facts holds words of message ``seq`` of ``conversation``: a
+    fact taken from it, the record of a fact as it was, a proposal of a version covering
+    it. Then its redaction needs ``facts_lock``."""
+    return bool(_citing(conversation, seq, db=db))
 
 
 def facts_forget(
     *, locked: Conversation, shown: Sequence[Conversation], subject: str, seq: int
 ) -> None:
-    """Delete the model's facts taken from message ``seq`` of ``locked``, which was just
-    redacted (a person's fact, or a pinned one, stays: a person chose to keep it); then
-    recount the facts blocks. In the redaction's transaction, under ``facts_lock``, which
-    locked the conversations of ``subject`` (the facts of another subject are left)."""
+    """Take back what the facts hold of message ``seq`` of ``locked``, which was just
+    redacted: delete the model's facts taken from it (a person's fact, or a pinned one,
+    stays: a person chose to keep it); blank the old value of every change whose fact, as
+    it was, came from it (a revert of that change then has no value to restore); withdraw
+    the proposals of the versions covering it, and blank them in the changes that hold
+    them. Then recount the facts blocks. In the redaction's transaction, under
+    ``facts_lock``, which locked the conversations of ``subject`` (the facts of another
+    subject are not deleted)."""
     db = locked._state.db or "default"
+    citing = _citing(locked, seq, db=db)
+    FactChange.objects.using(db).filter(pk__in=citing.changes).update(old_value="")
+    FactChange.objects.using(db).filter(pk__in=citing.old_proposals).update(
+        old_proposed_value="", old_proposed_by=None
+    )
+    Fact.objects.using(db).filter(pk__in=citing.proposals).update(
+        proposed_value="", proposed_by=None
+    )
     cited = [
         fact
-        for fact in Fact.objects.using(db).filter(
-            source_conversation=locked, changed_by=MODEL, pinned=False
-        )
-        if seq in (fact.source_seqs or ())
-        and (
-            fact.conversation_id == locked.pk or (subject == locked.subject and _held(fact, locked))
-        )
+        for fact in citing.facts
+        if fact.conversation_id == locked.pk or (subject == locked.subject and _held(fact, locked))
     ]
     if not cited:
         return
     Fact.objects.using(db).filter(pk__in=[fact.pk for fact in cited]).delete()
     _own_block(locked, facts_count(locked))
-    facts_recount([conversation for conversation in shown if conversation.pk != locked.pk])
+    _others(locked, shown, shared=any(fact.conversation_id is None for fact in cited))
+
+
+# --------------------------------------------------------------------------- helpers
 
 
 def _held(fact: Fact, locked: Conversation) -> bool:
@@ -376,6 +470,13 @@ def _own_block(locked: Conversation, count: int) -> None:
     its counters (not saved: the commit saves them with its own, under one ``revision``)."""
     locked.active_tokens += count - locked.facts_tokens
     locked.facts_tokens = count
+
+
+def _others(locked: Conversation, shown: Sequence[Conversation], *, shared: bool) -> None:
+    """Recount the blocks of the other conversations of ``shown``, moving each revision
+    when a subject's fact they may show changed (``shared``), or their block's size did."""
+    others = [conversation for conversation in shown if conversation.pk != locked.pk]
+    facts_recount(others, changed=shared)
 
 
 def _skipped(summary: Summary, reasons: Sequence[str]) -> None:

@@ -3,10 +3,10 @@
 The summarizer writes facts during compaction (services/fact_merge.py); these are the
 writes of a person, over REST or in the admin. Each is one transaction that follows the
 facts block's lock order (services/fact_block.py): for a subject's fact the owner's user
-row first, then the conversations that show the fact in primary-key order, then the fact's
-row. Under those locks it writes, recounts each conversation's facts block
-(``facts_recount``: ``facts_tokens``, ``active_tokens``) and moves each one's ``revision``
-once, since the facts a conversation sees are part of it.
+row first (FOR NO KEY UPDATE, ``owner_lock``), then the conversations that show the fact in
+primary-key order, then the fact's row. Under those locks it writes, recounts each
+conversation's facts block (``facts_recount``: ``facts_tokens``, ``active_tokens``) and
+moves each one's ``revision`` once, since the facts a conversation sees are part of it.
 
 A person's write marks the fact as theirs: ``changed_by = "person"``, ``changed_by_user``,
 ``confirmed_at`` now. The model never overwrites such a fact; what it would write instead
@@ -14,32 +14,34 @@ waits in ``proposed_value``. Writing a value (the proposed one, the same one, or
 settles the proposal and clears it. A new key or value is the person's, not a summary's:
 ``summary`` becomes NULL; pinning or unpinning keeps it, since the value is still the one
 that version wrote. ``source_seqs`` and ``source_conversation`` stay: where the fact came
-from, for a reviewer.
+from, for a reviewer. Keys are normalized like the summarizer's (``Order ID`` is
+``order_id``), so a person's fact and the model's are one fact.
 
 Why the owner's row: a conversation that starts naming a subject must not miss a subject
-fact written at the same moment (its recount would not see the uncommitted fact, and the
-fact's writer would not lock a conversation that did not name the subject yet). Subject
-facts and conversations' subjects therefore change one at a time per owner.
+fact a person writes at the same moment (its recount would not see the uncommitted fact,
+and the fact's writer would not lock a conversation that did not name the subject yet).
+Subject facts a person writes and conversations' subjects therefore change one at a time
+per owner.
 """
 
 from __future__ import annotations
 
 import logging
 import unicodedata
-from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS, fact_tokens
+from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
+from ctxsum.fact_parse import normalize_key
 from ctxsum.models import Conversation, Fact
-from ctxsum.services.fact_block import conversations_lock, facts_recount
+from ctxsum.services.fact_block import conversations_lock, facts_recount, line_tokens
 from ctxsum.services.transactions import write_db
-from ctxsum.validation import NOT_A_STRING, unstorable
+from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
 
 logger = logging.getLogger("ctxsum.facts")
 
@@ -50,6 +52,7 @@ LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 BLANK = _("Must not be blank.")
 TOO_LONG = _("Must be at most {limit} characters.")
 NOT_ONE_LINE = _("Must be one line (no line breaks).")
+KEY_WITHOUT_WORD = _("Must contain a letter or a digit.")
 NOT_A_BOOLEAN = _("Must be true or false.")
 SUBJECT_SPACES = _("Must not start or end with whitespace.")
 SUBJECT_CHARACTERS = _("Must not contain a slash or a control character.")
@@ -76,14 +79,6 @@ CHANGED_FIELDS = (
     "confirmed_at",
     "updated_at",
 )
-
-
-class _Unset(Enum):
-    UNSET = "unset"
-
-
-UNSET = _Unset.UNSET
-Unset = Literal[_Unset.UNSET]
 
 
 # --------------------------------------------------------------------------- validation
@@ -125,15 +120,30 @@ def _text(value: Any, *, limit: int, one_line: bool) -> tuple[str, str | None]:
     return text, None
 
 
+def _key(value: Any) -> tuple[str, str | None]:
+    """``value`` as a key, normalized like the summarizer's (``fact_parse.normalize_key``),
+    and what is wrong with it (or None)."""
+    text, problem = _text(value, limit=MAX_KEY_CHARS, one_line=True)
+    if problem:
+        return "", problem
+    key = normalize_key(text)
+    if not key:
+        return "", str(KEY_WITHOUT_WORD)
+    if len(key) > MAX_KEY_CHARS:  # a case fold may lengthen it: "ß" is "ss"
+        return "", TOO_LONG.format(limit=MAX_KEY_CHARS)
+    return key, None
+
+
 def facts_clean(**fields: Any) -> dict[str, Any]:
     """Check ``key``, ``value`` and ``pinned`` (whichever are given); return them as they
-    are stored (key and value stripped) or raise ValidationError naming every bad field."""
+    are stored (value stripped, key normalized: ``Order ID`` is ``order_id``) or raise
+    ValidationError naming every bad field."""
     cleaned: dict[str, Any] = {}
     errors: dict[str, list[str]] = {}
     for name, value in fields.items():
         problem: str | None = None
         if name == "key":
-            cleaned[name], problem = _text(value, limit=MAX_KEY_CHARS, one_line=True)
+            cleaned[name], problem = _key(value)
         elif name == "value":
             cleaned[name], problem = _text(value, limit=MAX_VALUE_CHARS, one_line=False)
         elif name == "pinned":
@@ -154,9 +164,17 @@ def facts_clean(**fields: Any) -> dict[str, Any]:
 def owner_lock(*, db: str, owner_id: Any) -> None:
     """Lock the owner's user row, inside the caller's transaction, before any conversation:
     subject facts and conversations' subjects change one at a time per owner (see the
-    module's docstring)."""
+    module's docstring).
+
+    FOR NO KEY UPDATE, not FOR UPDATE: a transaction that inserts a row pointing to the
+    user (a compaction's new fact, a chat turn's call count) takes FOR KEY SHARE on this row
+    when PostgreSQL checks the foreign key at its commit, and may hold the subject's
+    conversations meanwhile. FOR UPDATE would make it wait here while this transaction
+    waits for those conversations; FOR NO KEY UPDATE does not conflict with FOR KEY SHARE,
+    and still with itself, which is what orders the owner's writes."""
     users = get_user_model()._default_manager.using(db)
-    list(users.select_for_update().filter(pk=owner_id).values_list("pk", flat=True))
+    no_key = connections[db].features.has_select_for_no_key_update
+    list(users.select_for_update(no_key=no_key).filter(pk=owner_id).values_list("pk", flat=True))
 
 
 def _lock(db: str, fact: Fact) -> list[Conversation]:
@@ -169,25 +187,10 @@ def _lock(db: str, fact: Fact) -> list[Conversation]:
     return conversations_lock(db=db, owner_id=fact.owner_id, subject=fact.subject)
 
 
-def _moved(locked: list[Conversation]) -> None:
-    """After a write to facts that ``locked`` show: recount their blocks and move each
-    one's revision once (the recount moves it when the block's size changed)."""
-    before = {conversation.pk: conversation.revision for conversation in locked}
-    facts_recount(locked)
-    for conversation in locked:
-        if conversation.revision == before[conversation.pk]:
-            conversation.revision += 1
-            conversation.save(update_fields=["revision", "updated_at"])
-
-
-def _token_model(fact: Fact, locked: list[Conversation]) -> str | None:
-    """The model whose encoding counts a fact's line: its conversation's; a subject's fact,
-    shown to conversations of any model, is counted with DEFAULT_MODEL's (each block is
-    counted exactly with its conversation's own)."""
-    if fact.conversation_id is None:
-        return None
-    mine = next(c for c in locked if c.pk == fact.conversation_id)
-    return mine.model or None
+def _model(fact: Fact, locked: list[Conversation]) -> str | None:
+    """The model of the conversation whose own fact ``fact`` is (None for a subject's)."""
+    mine = [c for c in locked if c.pk == fact.conversation_id]
+    return (mine[0].model or None) if mine else None
 
 
 def _duplicate(fact: Fact) -> ValidationError:
@@ -203,9 +206,7 @@ def _has_key(db: str, fact: Fact) -> bool:
     same = Fact.objects.using(db).filter(key=fact.key).exclude(pk=fact.pk)
     if fact.conversation_id is not None:
         return same.filter(conversation_id=fact.conversation_id).exists()
-    return same.filter(
-        owner_id=fact.owner_id, conversation__isnull=True, subject=fact.subject
-    ).exists()
+    return same.of_subject(fact.owner_id, fact.subject).exists()
 
 
 def _save(db: str, fact: Fact, **kwargs: Any) -> None:
@@ -261,9 +262,9 @@ def fact_add(
             raise Conversation.DoesNotExist("The conversation was deleted.")
         if _has_key(db, fact):
             raise _duplicate(fact)
-        fact.token_count = fact_tokens(fact.key, fact.value, model=_token_model(fact, locked))
+        fact.token_count = line_tokens(fact, model=_model(fact, locked))
         _save(db, fact, force_insert=True)
-        _moved(locked)
+        facts_recount(locked, changed=True)
     if conversation is not None:
         conversation.update_from(locked[0])
     return fact
@@ -302,12 +303,12 @@ def fact_change(
             row.summary = None  # the person's words now, not a summary's
         if "value" in cleaned:
             row.proposed_value, row.proposed_by = "", None
-        row.token_count = fact_tokens(row.key, row.value, model=_token_model(row, locked))
+        row.token_count = line_tokens(row, model=_model(row, locked))
         row.changed_by = Fact.ChangedBy.PERSON
         row.changed_by_user = user
         row.confirmed_at = timezone.now()
         _save(db, row, update_fields=CHANGED_FIELDS)
-        _moved(locked)
+        facts_recount(locked, changed=True)
     for model_field in Fact._meta.concrete_fields:
         setattr(fact, model_field.attname, getattr(row, model_field.attname))
     return fact
@@ -321,6 +322,6 @@ def fact_delete(*, fact: Fact, user: Any) -> None:
         locked = _lock(db, fact)
         deleted, _ = Fact.objects.using(db).filter(pk=fact.pk).delete()
         if deleted:
-            _moved(locked)
+            facts_recount(locked, changed=True)
     if deleted:
         logger.info("Fact %s (%r) deleted by %s", fact.pk, fact.key, user)

@@ -121,8 +121,9 @@ def _commit(
     db: str,
 ) -> Summary:
     with transaction.atomic(using=db):
-        # A subject's conversations first, in pk order, this one among them (fact_merge).
-        shown = facts_lock(conversation, db=db)
+        # A subject's conversations first, in pk order, this one among them, when there are
+        # facts to merge (fact_merge); else the row's own lock is all it takes.
+        shown = facts_lock(conversation, db=db) if written.facts else []
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, previous):
             raise LeaseLost  # a compaction committed meanwhile: this rebuild is out of date

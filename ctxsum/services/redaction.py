@@ -3,8 +3,10 @@
 The content becomes the redaction marker, a tool call keeps its id and name but loses its
 arguments, the provider extras are dropped; ``seq`` stays, tokens and counters are
 recounted, and every summary covering the message is marked stale, so a rebuild
-(services/rebuild.py) writes a summary that no longer holds the redacted text. The key
-facts the model took from the message are deleted (services/fact_merge.py).
+(services/rebuild.py) writes a summary that no longer holds the redacted text. What the key
+facts hold of the message goes too (services/fact_merge.py): the model's facts taken from
+it, their values before in the record a revert restores from, the proposals of the versions
+covering it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from django.utils import timezone
 
 from ctxsum import tokens
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.services.fact_merge import facts_forget, facts_lock
+from ctxsum.services.fact_merge import facts_cite, facts_forget, facts_lock
 from ctxsum.services.transactions import write_db
 
 REDACTED = "[redacted]"
@@ -41,19 +43,42 @@ def message_redact(*, conversation: Conversation, seq: int) -> Message:
     to date.
     """
     db = write_db(conversation)
+    # Read without a lock: only a commit of this conversation (which its row lock orders)
+    # makes facts cite one of its messages, and one that did meanwhile is found again below.
+    cited = facts_cite(conversation, seq, db=db)
+    while True:
+        try:
+            locked, message = _commit(conversation, seq, db=db, cited=cited)
+        except _FactsLockNeeded:
+            cited = True  # start over, the subject's conversations locked first
+            continue
+        conversation.update_from(locked)
+        return message
+
+
+class _FactsLockNeeded(Exception):
+    """Facts came to cite the message after it was checked: roll back, lock them first."""
+
+
+def _commit(
+    conversation: Conversation, seq: int, *, db: str, cited: bool
+) -> tuple[Conversation, Message]:
     with transaction.atomic(using=db):
-        # A subject's conversations first, in pk order, this one among them (fact_merge).
-        shown = facts_lock(conversation, db=db)
+        # A subject's conversations first, in pk order, this one among them, when facts cite
+        # the message (fact_merge); else the row's own lock is all it takes.
+        shown = facts_lock(conversation, db=db) if cited else []
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
         message = Message.objects.using(db).get(conversation=locked, seq=seq)
         if message.redacted_at is None:
+            if not cited and facts_cite(locked, seq, db=db):
+                raise _FactsLockNeeded
             _redact(locked, message)
-            block = locked.facts_tokens
-            facts_forget(locked=locked, shown=shown, subject=conversation.subject, seq=seq)
-            if locked.facts_tokens != block:
-                locked.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
-    conversation.update_from(locked)
-    return message
+            if cited:
+                block = locked.facts_tokens
+                facts_forget(locked=locked, shown=shown, subject=conversation.subject, seq=seq)
+                if locked.facts_tokens != block:
+                    locked.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
+    return locked, message
 
 
 def _redact(locked: Conversation, message: Message) -> None:

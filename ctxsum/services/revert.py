@@ -26,7 +26,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
-from ctxsum.services.fact_merge import facts_lock, facts_revert
+from ctxsum.services.fact_merge import facts_lock, facts_revert, facts_to_revert
 from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_take
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import summary_reverted
@@ -82,7 +82,9 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
     if token is None:
         return Reverted(reverted=False, reason=Reason.IN_PROGRESS, reverted_summary=target)
     try:
-        locked, restored, attempt = _commit(conversation, target, token, db=db)
+        locked, restored, attempt = _commit(
+            conversation, target, token, db=db, facts=facts_to_revert(target)
+        )
     except (_Conflict, LeaseLost):
         lease_release(conversation, token, db=db)
         return Reverted(reverted=False, reason=Reason.CONFLICT, reverted_summary=target)
@@ -103,13 +105,15 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
 
 
 def _commit(
-    conversation: Conversation, target: Summary, token: str, *, db: str
+    conversation: Conversation, target: Summary, token: str, *, db: str, facts: bool
 ) -> tuple[Conversation, list[Message], CompactionAttempt]:
     """Revert ``target`` if it is still the active summary; the row as it was left, the
-    messages restored, and the attempt recorded."""
+    messages restored, and the attempt recorded. ``facts``: whether ``target`` wrote facts
+    to undo."""
     with transaction.atomic(using=db):
-        # A subject's conversations first, in pk order, this one among them (fact_merge).
-        shown = facts_lock(conversation, db=db)
+        # A subject's conversations first, in pk order, this one among them, when the
+        # version wrote facts (fact_merge); else the row's own lock is all it takes.
+        shown = facts_lock(conversation, db=db) if facts else []
         # Filtered on the lease: a worker that took an abandoned lease over makes this lose.
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, target):

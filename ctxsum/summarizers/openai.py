@@ -217,8 +217,9 @@ class OpenAISummarizer(Summarizer):
             message = HTTP_ERROR.format(status=exc.status_code)
             detail = error_detail(exc.body)
             raise SummarizerError(f"{message} {detail}" if detail else message, cause=exc) from exc
-        except (openai.APIResponseValidationError, ValueError) as exc:
-            # A 200 whose JSON body does not parse surfaces as json.JSONDecodeError.
+        except (openai.APIResponseValidationError, ValueError, RecursionError) as exc:
+            # A 200 whose JSON body does not parse surfaces as json.JSONDecodeError, one
+            # nested deeper than the parser recurses as RecursionError.
             raise SummarizerError(MALFORMED_RESPONSE, cause=exc) from exc
         except openai.OpenAIError as exc:
             raise SummarizerError(f"{CALL_FAILED} {exc}", cause=exc) from exc

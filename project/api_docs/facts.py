@@ -129,7 +129,10 @@ def _refusals(document: Document) -> None:
     document.text(
         """
         Keys are one line of at most 200 characters, values at most 2000, both stripped and
-        never blank; a key is unique within its conversation or subject. A subject in a path
+        never blank. A key is normalized as the summarizer's are (lower case, each run of
+        characters other than letters and digits one underscore: `Order ID` is `order_id`),
+        so a person's fact and the model's are one, and it is unique within its
+        conversation or subject. A subject in a path
         is percent-encoded; one that no subject can have (over 200 characters, a control
         character, whitespace at either end, `.` or `..`; a slash never reaches it) answers
         404, as does a fact id that is not one of the caller's facts there. Another user's
@@ -139,7 +142,7 @@ def _refusals(document: Document) -> None:
     )
     rows = [_row("request", "answer"), _row("---", "---")]
     for body in (
-        {"key": "booking", "value": "again"},
+        {"key": "Booking", "value": "again"},
         {"key": "two\nlines", "value": "x"},
         {"key": "seat", "value": "  "},
         {"key": "seat", "value": "14C", "pinned": "yes"},
