@@ -24,6 +24,7 @@ from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, summary_budget
 from ctxsum.services.compaction import (
+    COMMIT_FIELDS,
     active_summary_is,
     attempt_record,
     failure_reason,
@@ -149,16 +150,7 @@ def _commit(
         locked.active_tokens += summary.token_count - previous.token_count
         locked.revision += 1
         locked.lease_owner, locked.leased_at = "", None
-        locked.save(
-            update_fields=[
-                "active_tokens",
-                "facts_tokens",
-                "revision",
-                "lease_owner",
-                "leased_at",
-                "updated_at",
-            ]
-        )
+        locked.save(update_fields=COMMIT_FIELDS)  # what a compaction's commit moves
         CompactionAttempt.objects.using(db).create(
             conversation=locked,
             outcome=Outcome.COMPACTED,
