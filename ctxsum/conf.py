@@ -166,7 +166,7 @@ class CtxsumSettings:
     CHAT_TURN_SECONDS: float
 
     def __init__(self) -> None:
-        self._cached: dict[str, Any] = {}
+        self._cached: set[str] = set()
         self._user: dict[str, Any] | None = None
 
     @property
@@ -179,17 +179,21 @@ class CtxsumSettings:
         return sorted(set(self.user_settings) - set(DEFAULTS))
 
     def __getattr__(self, name: str) -> Any:
+        # Called only for a setting not read since the last reload: the value is then kept
+        # as an attribute, so later reads (several per append) are plain attribute reads.
         if name not in DEFAULTS:
             raise AttributeError(f"Invalid ctxsum setting: {name!r}")
-        if name not in self._cached:
-            value = self.user_settings.get(name, DEFAULTS[name])
-            if name in IMPORT_STRINGS and isinstance(value, str):
-                value = import_string(value)
-            self._cached[name] = value
-        return self._cached[name]
+        value = self.user_settings.get(name, DEFAULTS[name])
+        if name in IMPORT_STRINGS and isinstance(value, str):
+            value = import_string(value)
+        setattr(self, name, value)
+        self._cached.add(name)
+        return value
 
     def reload(self) -> None:
-        self._cached.clear()
+        cached, self._cached = self._cached, set()
+        for name in cached:
+            self.__dict__.pop(name, None)
         self._user = None
 
 

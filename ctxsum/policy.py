@@ -11,6 +11,7 @@ messages. The pinned front (``history_start`` messages) is never archived;
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -203,6 +204,42 @@ def parse_keep(value: object) -> Keep:
 def parse_policy(trigger: object, keep: object, max_context_tokens: object = None) -> Policy:
     """A Policy from the JSON forms of its parts; rejects a keep that leaves the compacted
     context at the trigger."""
+    key = _policy_key(trigger, keep, max_context_tokens)
+    if key is None:
+        return _parse_policy(trigger, keep, max_context_tokens)
+    return _parsed_policy(key)
+
+
+# Every append with AUTO_COMPACT on asks for its conversation's policy, and most
+# conversations share a few: a policy whose parts are plain amounts is parsed once. A
+# Policy is frozen, and only a successful parse is kept (a refusal is raised every time).
+_Amounts = tuple[tuple[str, int | None], ...]
+_PolicyKey = tuple[_Amounts, _Amounts, int | None]
+
+
+def _policy_key(trigger: object, keep: object, max_context_tokens: object) -> _PolicyKey | None:
+    """The parts as a hashable key, or None when any is not made of strings and ints (a
+    bool or a float equals an int as a key, and must still be refused)."""
+    if not (max_context_tokens is None or type(max_context_tokens) is int):
+        return None
+    parts = []
+    for part in (trigger, keep):
+        if type(part) is not dict:
+            return None
+        items = tuple(part.items())
+        if not all(type(k) is str and (v is None or type(v) is int) for k, v in items):
+            return None
+        parts.append(items)
+    return parts[0], parts[1], max_context_tokens
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed_policy(key: _PolicyKey) -> Policy:
+    trigger, keep, max_context_tokens = key
+    return _parse_policy(dict(trigger), dict(keep), max_context_tokens)
+
+
+def _parse_policy(trigger: object, keep: object, max_context_tokens: object) -> Policy:
     _check_amount("max_context_tokens", "", max_context_tokens)
     return Policy(
         trigger=parse_trigger(trigger),

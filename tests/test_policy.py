@@ -716,6 +716,27 @@ def test_parse_policy_rejects_keep_not_below_trigger(
     assert str(error.value) == KEEP_NOT_BELOW_TRIGGER.format(unit=unit, keep=kept, trigger=limit)
 
 
+def test_parse_policy_parses_plain_amounts_once_and_refuses_every_time() -> None:
+    # Every append asks for its policy: one made of plain amounts is parsed once. True and
+    # 1.0 equal 1 as keys go, and must still be refused after 1 was accepted.
+    policy = parse_policy({"messages": 20}, {"messages": 1}, 1)
+    assert parse_policy({"messages": 20}, {"messages": 1}, 1) is policy
+    assert policy == Policy(
+        trigger=Trigger(messages=20), keep=Keep(messages=1), max_context_tokens=1
+    )
+    refused = [
+        (({"messages": 20}, {"messages": True}, 1), "keep.messages must be a positive integer"),
+        (({"messages": 20}, {"messages": 1.0}, 1), "keep.messages must be a positive integer"),
+        (({"messages": 20}, {"messages": 1}, True), "max_context_tokens must be a positive"),
+        (({"messages": 20}, {"messages": 20}, None), "must be less than trigger.messages"),
+    ]
+    for _ in range(2):
+        for args, message in refused:
+            with pytest.raises(PolicyError) as error:
+                parse_policy(*args)
+            assert message in str(error.value)
+
+
 def test_policy_errors_are_value_errors_and_checked_by_the_dataclasses_too() -> None:
     assert issubclass(PolicyError, ValueError)
     with pytest.raises(PolicyError):
