@@ -101,9 +101,10 @@ def ratios(
 
 
 def summary_reads(conversation: Any, *, rounds: int, calls: int = 50) -> dict[str, Any]:
-    """Where ctxsum's time goes as the history grows: this process's CPU µs for reading the
-    active summary row as ``context_get`` does (every column, its coverage check included)
-    and without the ``coverage_facts`` column, median over rounds; and that column's size."""
+    """What the active summary's coverage check would cost a call as the history grows:
+    this process's CPU µs for reading the whole active summary row (every column, its
+    coverage check included) and the row without the ``coverage_facts`` column, as
+    ``context_get`` reads it, median over rounds; and that column's size."""
     import json
 
     from ctxsum.models import Summary

@@ -173,10 +173,10 @@ def previous_summary_read(
     conversation: Any, *, rounds: int, calls: int = 20
 ) -> dict[str, Any] | None:
     """What the REST context's ``previous_version`` costs, milliseconds (median over
-    rounds): reading the active summary's previous version as the serializer does (the
-    whole row, its cumulative coverage check included) and its version alone; and the
-    REST answer's serializer (``ContextOutputSerializer(context).data``) as it runs, and
-    with that previous version already read, version alone. None without a previous one."""
+    rounds): reading the active summary's previous version whole (its cumulative coverage
+    check included) and its version alone; and the REST answer's serializer
+    (``ContextOutputSerializer(context).data``) on what ``context_get`` read, and with that
+    previous version read again, version alone. None without a previous one."""
     from ctxsum.api.serializers import ContextOutputSerializer
     from ctxsum.models import Summary
     from ctxsum.selectors import context_get
