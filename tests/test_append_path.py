@@ -303,3 +303,62 @@ def test_an_append_waiting_behind_a_delete_finds_the_conversation_gone(user):
     with pytest.raises(Conversation.DoesNotExist):
         worker.outcome()
     assert not Message.objects.filter(conversation_id=pk).exists()
+
+
+# Plain messages whose text is hard to carry in a statement's literals: quotes, backslashes,
+# placeholders, a JSON-looking string, and content parts.
+AWKWARD = [
+    user_message("It's 100% \"done\"\\n, isn't it? %s %(name)s $1 ::jsonb"),
+    assistant_message('{"not": "json"}', refusal=None),
+    user_message([{"type": "text", "text": "Ñandú 🦤 'quoted' \\ %"}], name="o'neil"),
+]
+
+
+def statements(captured: Any) -> list[str]:
+    return [query["sql"].split(" ", 1)[0] for query in captured.captured_queries]
+
+
+@on_postgres
+def test_plain_messages_are_one_statement_with_no_transaction(user):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    conversation = conversation_create(owner=user, system="You track parcels.")
+    with CaptureQueriesContext(connection) as captured:
+        rows = message_append(conversation=conversation, messages=AWKWARD).messages
+    assert statements(captured) == ["WITH"]
+    assert [row.seq for row in rows] == [1, 2, 3]
+    for row in rows:
+        assert fields(row) == fields(Message.objects.get(pk=row.pk))
+    assert [row.content for row in rows] == [message["content"] for message in AWKWARD]
+    assert rows[2].name == "o'neil" and rows[1].extra == {"refusal": None}
+    assert fields(conversation) == fields(Conversation.objects.get(pk=conversation.pk))
+    assert_counters_match_rows(conversation)
+
+    # What must be checked or indexed under the row lock takes the transaction.
+    for batch, expected in [
+        ([assistant_calls("call_a", name="track")], ["BEGIN", "UPDATE", "INSERT", "INSERT"]),
+        ([tool_result("call_a", "Shipped.")], ["BEGIN", "UPDATE", "SELECT", "INSERT"]),
+    ]:
+        with CaptureQueriesContext(connection) as captured:
+            message_append(conversation=conversation, messages=batch)
+        assert statements(captured) == [*expected, "COMMIT"]
+    assert_counters_match_rows(conversation)
+    assert_context_invariants(conversation)
+
+
+@on_postgres
+def test_a_leading_message_and_a_full_batch_on_postgres(user):
+    conversation = conversation_create(owner=user)
+    rows = message_append(
+        conversation=conversation,
+        messages=[{"role": "developer", "content": "Be brief."}, user_message("Hi")],
+    ).messages
+    assert [(row.seq, row.is_leading) for row in rows] == [(0, True), (1, False)]
+    batch = [user_message(f"m{number}") for number in range(1000)]  # MAX_BATCH_MESSAGES
+    rows = message_append(conversation=conversation, messages=batch).messages
+    assert [row.seq for row in rows] == list(range(2, 1002))
+    stored = Message.objects.filter(conversation=conversation, seq__gte=2).order_by("seq")
+    assert [(row.pk, row.content) for row in stored] == [(row.pk, row.content) for row in rows]
+    assert not any(row.is_leading for row in stored)
+    assert_counters_match_rows(conversation)

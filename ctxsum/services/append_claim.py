@@ -8,10 +8,17 @@ appends get consecutive, disjoint ranges. RETURNING brings the row back in the s
 trip (PostgreSQL, and SQLite from 3.35, which ctxsum needs anyway: its inserts read primary
 keys back). What the append does next under the lock (the tool-result checks, the INSERT)
 runs in the same transaction: a refusal rolls the counters back with it.
+
+On PostgreSQL, an append with nothing to check or index under the lock (no tool result, no
+tool call) is one statement (``append_claim_insert``): the UPDATE in a ``WITH`` clause and
+the INSERT that takes its seqs from the row the UPDATE returned. A statement is atomic on
+its own, so it needs no ``BEGIN`` and ``COMMIT``: one round trip instead of four.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -20,7 +27,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.utils import timezone
 
-from ctxsum.models import Conversation
+from ctxsum.models import Conversation, Message
+from ctxsum.services.inserts import column_name, insert_fields, row_values
 
 # The counters that move by the number of messages appended.
 BY_COUNT = ("next_seq", "message_count", "active_message_count")
@@ -39,15 +47,94 @@ def append_claim(*, pk: Any, db: str, count: int, tokens: int) -> Conversation:
     ``next_seq - count`` to ``next_seq - 1``. Raises Conversation.DoesNotExist when the
     conversation does not exist (or was deleted meanwhile). Call inside a transaction."""
     connection = connections[db]
-    meta = Conversation._meta
-    now = meta.get_field("updated_at").get_db_prep_value(timezone.now(), connection)
-    params = [*([count] * len(BY_COUNT)), tokens, now, meta.pk.get_db_prep_value(pk, connection)]
     with connection.cursor() as cursor:
-        cursor.execute(_sql(connection), params)
+        cursor.execute(_sql(connection), _claim_params(pk, count, tokens, connection))
         row = cursor.fetchone()
     if row is None:
-        raise Conversation.DoesNotExist("Conversation matching query does not exist.")
+        raise _gone()
     return _conversation(row, db, connection)
+
+
+def append_claim_insert(*, pk: Any, db: str, rows: Sequence[Message], tokens: int) -> Conversation:
+    """PostgreSQL: ``append_claim`` and the INSERT of ``rows`` (new messages of the
+    conversation ``pk``, none with tool calls) in one statement, which needs no transaction
+    of its own. The rows get their seqs, from the claimed ``next_seq``, and primary keys.
+    Raises Conversation.DoesNotExist, with nothing inserted, when the conversation does not
+    exist."""
+    connection = connections[db]
+    statement = _claim_insert(connection)
+    params = _claim_params(pk, len(rows), tokens, connection)
+    for back, row in zip(range(len(rows), 0, -1), rows, strict=True):
+        params += [back, *row_values(row, statement.fields, connection)]
+    values = ", ".join([statement.row] * len(rows))
+    with connection.cursor() as cursor:
+        cursor.execute(f"{statement.head} {values} {statement.tail}", params)
+        found = cursor.fetchone()
+    if found is None:
+        raise _gone()
+    locked = _conversation(found[:-1], db, connection)
+    first_seq = locked.next_seq - len(rows)
+    for offset, (row, row_pk) in enumerate(zip(rows, found[-1], strict=True)):
+        row.seq = first_seq + offset
+        row.pk = row_pk
+        row._state.adding = False
+        row._state.db = db
+    return locked
+
+
+def _claim_params(pk: Any, count: int, tokens: int, connection: BaseDatabaseWrapper) -> list[Any]:
+    """The claim's parameters, in the order of ``_sql``'s placeholders."""
+    meta = Conversation._meta
+    now = meta.get_field("updated_at").get_db_prep_value(timezone.now(), connection)
+    return [*([count] * len(BY_COUNT)), tokens, now, meta.pk.get_db_prep_value(pk, connection)]
+
+
+def _gone() -> Conversation.DoesNotExist:
+    return Conversation.DoesNotExist("Conversation matching query does not exist.")
+
+
+@dataclass(frozen=True)
+class _ClaimInsert:
+    """``append_claim_insert``'s statement, but for its VALUES rows, and what they carry."""
+
+    fields: list[Field[Any, Any]]  # the message columns of a VALUES row: all but ``seq``
+    head: str  # WITH claim AS (UPDATE …), added AS (INSERT … FROM claim, (VALUES
+    row: str  # (CAST(%s AS integer), CAST(%s AS …), …)
+    tail: str  # ) AS v (…) RETURNING …) SELECT claim.*, ARRAY(…) FROM claim
+
+
+_CLAIM_INSERTS: dict[str, _ClaimInsert] = {}
+
+
+def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
+    """The statement of ``append_claim_insert``, composed once per vendor. Each VALUES row
+    is the row's distance back from ``next_seq`` (the last row's is 1), then its values,
+    cast to their columns' types (a VALUES list in FROM does not take them from the INSERT);
+    ``seq`` is the claimed ``next_seq`` less that distance."""
+    statement = _CLAIM_INSERTS.get(connection.vendor)
+    if statement is None:
+        quote = connection.ops.quote_name
+        fields = [field for field in insert_fields(Message) if field.name != "seq"]
+        names = [f"v{index}" for index in range(len(fields))]
+        casts = [f"CAST(%s AS {field.cast_db_type(connection)})" for field in fields]
+        seq = quote(column_name(Message._meta.get_field("seq")))
+        pk = quote(column_name(Message._meta.pk))
+        columns = ", ".join([*(quote(column_name(field)) for field in fields), seq])
+        values = ", ".join(f"v.{name}" for name in names)
+        statement = _CLAIM_INSERTS[connection.vendor] = _ClaimInsert(
+            fields=fields,
+            head=(
+                f"WITH claim AS ({_sql(connection)}), "
+                f"added AS (INSERT INTO {quote(Message._meta.db_table)} ({columns}) "
+                f"SELECT {values}, claim.{quote('next_seq')} - v.back FROM claim, (VALUES"
+            ),
+            row=f"(CAST(%s AS integer), {', '.join(casts)})",
+            tail=(
+                f") AS v (back, {', '.join(names)}) RETURNING {pk}, {seq}) "
+                f"SELECT claim.*, ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim"
+            ),
+        )
+    return statement
 
 
 def _sql(connection: BaseDatabaseWrapper) -> str:
@@ -56,10 +143,10 @@ def _sql(connection: BaseDatabaseWrapper) -> str:
         quote, meta = connection.ops.quote_name, Conversation._meta
         moves = [f"{quote(name)} = {quote(name)} + %s" for name in (*BY_COUNT, "active_tokens")]
         moves += [f"{quote('revision')} = {quote('revision')} + 1", f"{quote('updated_at')} = %s"]
-        columns = ", ".join(quote(_column(field)) for field in meta.concrete_fields)
+        columns = ", ".join(quote(column_name(field)) for field in meta.concrete_fields)
         sql = _SQL[connection.vendor] = (
             f"UPDATE {quote(meta.db_table)} SET {', '.join(moves)} "
-            f"WHERE {quote(_column(meta.pk))} = %s RETURNING {columns}"
+            f"WHERE {quote(column_name(meta.pk))} = %s RETURNING {columns}"
         )
     return sql
 
@@ -92,8 +179,3 @@ def _converters(connection: BaseDatabaseWrapper) -> list[tuple[int, Any, list[An
                 found.append((index, column, converters))
         _CONVERTERS[connection] = found
     return found
-
-
-def _column(field: Field[Any, Any]) -> str:
-    assert field.column is not None  # set on every concrete field of a ready model
-    return field.column

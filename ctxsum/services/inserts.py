@@ -46,16 +46,28 @@ def rows_insert(rows: Sequence[Model], *, db: str) -> None:
         for start in range(0, len(rows), size):
             batch = rows[start : start + size]
             values = ", ".join([statement.row] * len(batch))
-            params = [
-                _prep_save(field, field.pre_save(row, True), connection)
-                for row in batch
-                for field in fields
-            ]
+            params = [value for row in batch for value in row_values(row, fields, connection)]
             cursor.execute(f"{statement.head} {values} {statement.tail}", params)
             for row, (pk,) in zip(batch, cursor.fetchall(), strict=True):
                 row.pk = pk
                 row._state.adding = False
                 row._state.db = db
+
+
+def insert_fields(model: type[Model]) -> list[Field[Any, Any]]:
+    """The columns ``rows_insert`` writes: every concrete field but the automatic primary
+    key, in the model's order."""
+    meta = model._meta
+    assert meta.auto_field is not None, f"{meta.label} has no automatic primary key"
+    return [field for field in meta.concrete_fields if field is not meta.auto_field]
+
+
+def row_values(
+    row: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper
+) -> list[Any]:
+    """The values of ``row``, a new instance, for ``fields``, prepared as ``bulk_create``
+    prepares them (``pre_save`` sets an ``auto_now_add`` date on the instance too)."""
+    return [_prep_save(field, field.pre_save(row, True), connection) for field in fields]
 
 
 def _prep_save(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper) -> Any:
@@ -69,18 +81,19 @@ def _statement(model: type[Model], connection: BaseDatabaseWrapper) -> _Statemen
     statement = _STATEMENTS.get(key)
     if statement is None:
         meta, quote = model._meta, connection.ops.quote_name
-        assert meta.auto_field is not None, f"{meta.label} has no automatic primary key"
-        fields = [field for field in meta.concrete_fields if field is not meta.auto_field]
-        columns = ", ".join(quote(_column(field)) for field in fields)
+        assert meta.auto_field is not None
+        fields = insert_fields(model)
+        columns = ", ".join(quote(column_name(field)) for field in fields)
         statement = _STATEMENTS[key] = _Statement(
             fields=fields,
             head=f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES",
             row=f"({', '.join(['%s'] * len(fields))})",
-            tail=f"RETURNING {quote(_column(meta.auto_field))}",
+            tail=f"RETURNING {quote(column_name(meta.auto_field))}",
         )
     return statement
 
 
-def _column(field: Field[Any, Any]) -> str:
+def column_name(field: Field[Any, Any]) -> str:
+    """The column of a concrete field."""
     assert field.column is not None  # set on every concrete field of a ready model
     return field.column

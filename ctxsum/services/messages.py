@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Exists, OuterRef
 from django.utils.translation import gettext_lazy as _
 
@@ -25,9 +25,10 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid, TooLarge
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.policy import LEADING_ROLES
-from ctxsum.services.append_claim import append_claim
+from ctxsum.services.append_claim import append_claim, append_claim_insert
 from ctxsum.services.autocompact import (
     AutoCompaction,
+    Schedule,
     autocompact_schedule,
     conversation_autocompact,
 )
@@ -252,19 +253,40 @@ def message_append(
     cleaned = messages_clean(messages)
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
-    with transaction.atomic(using=db):
-        # The counters move first, with the row lock; the checks run under it, and a refusal
-        # rolls the counters back with the rest of the transaction.
-        locked = append_claim(pk=conversation.pk, db=db, count=len(cleaned), tokens=sum(counts))
-        key_applied(idempotency)
-        tool_results_check(locked, cleaned)
-        rows = message_rows(locked, cleaned, counts, first_seq=locked.next_seq - len(cleaned))
-        _rows_insert(rows, db=db)
-        send = partial(
-            messages_appended.send, sender=Conversation, conversation=locked, messages=rows
-        )
-        transaction.on_commit(send, using=db)
-        schedule = autocompact_schedule(locked)
+    if idempotency is None and _in_one_statement(cleaned, db):
+        # Nothing to check or index under the row lock: no transaction of its own either.
+        rows = message_rows(conversation, cleaned, counts, first_seq=1)  # seqs: the claim's
+        locked = append_claim_insert(pk=conversation.pk, db=db, rows=rows, tokens=sum(counts))
+        schedule = _appended(locked, rows, db=db)
+    else:
+        with transaction.atomic(using=db):
+            # The counters move first, with the row lock; the checks run under it, and a
+            # refusal rolls the counters back with the rest of the transaction.
+            count, tokens = len(cleaned), sum(counts)
+            locked = append_claim(pk=conversation.pk, db=db, count=count, tokens=tokens)
+            key_applied(idempotency)
+            tool_results_check(locked, cleaned)
+            rows = message_rows(locked, cleaned, counts, first_seq=locked.next_seq - count)
+            _rows_insert(rows, db=db)
+            schedule = _appended(locked, rows, db=db)
     conversation.update_from(locked)
     compaction = conversation_autocompact(conversation=conversation, schedule=schedule)
     return Appended(messages=rows, compaction=compaction)
+
+
+def _in_one_statement(cleaned: Sequence[Mapping[str, Any]], db: str) -> bool:
+    """Whether the append can be ``append_claim_insert``'s one statement: on PostgreSQL, with
+    no tool result to check and no tool call to index, and a first message that cannot be
+    the leading one (``is_leading`` is then false for every row, whatever seqs the claim
+    gives them)."""
+    if connections[db].vendor != "postgresql" or cleaned[0]["role"] in LEADING_ROLES:
+        return False
+    return not any(message["role"] == "tool" or message.get("tool_calls") for message in cleaned)
+
+
+def _appended(locked: Conversation, rows: list[Message], *, db: str) -> Schedule:
+    """After the rows are stored (in the append's transaction, or by its one statement):
+    ``messages_appended`` sent once they commit, and what follows the append."""
+    send = partial(messages_appended.send, sender=Conversation, conversation=locked, messages=rows)
+    transaction.on_commit(send, using=db)
+    return autocompact_schedule(locked)
