@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
-import json
 import os
 import signal
 import subprocess
@@ -34,17 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    IMAGES_DIR,
-    POLICY,
-    RESULTS_DIR,
-    TRIGGER_MESSAGES,
-    recreate_database,
-    run_facts,
-    summary_of,
-    write_json,
-)
-from tests.support.run_info import load_average
+from bench.command import Run, add_command_options, redraw
+from bench.common import IMAGES_DIR, POLICY, TRIGGER_MESSAGES, disposable_database, summary_of
 from tests.support.shared import DATA_DIR, REPO_ROOT
 
 DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_background"
@@ -72,20 +61,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--seconds", type=float, default=10.0, help="the summarizer's wait (default 10)"
     )
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
-    parser.add_argument(
-        "--database-url",
-        default=DEFAULT_DATABASE,
-        help=f"PostgreSQL database to create, use and drop (default {DEFAULT_DATABASE})",
-    )
-    parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--output", type=Path, default=None, metavar="PATH")
-    parser.add_argument(
-        "--plots-from",
-        type=Path,
-        default=None,
-        metavar="JSON",
-        help="only redraw the plot from a results file of this command",
-    )
+    add_command_options(parser, default_database=DEFAULT_DATABASE, per_database=False)
     return parser.parse_args(argv)
 
 
@@ -421,17 +397,20 @@ def draw(report: dict[str, Any]) -> list[Path]:
     return [background_plot(report, IMAGES_DIR / "perf-background.png")]
 
 
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """Every phase's append latencies, and during over idle."""
+    lines = [f"{name}: {phase['ms']}" for name, phase in report["phases"].items()]
+    return [*lines, f"during / idle: {report['during_vs_idle']}"]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if args.plots_from is not None:
-        for path in draw(json.loads(args.plots_from.read_text(encoding="utf-8"))):
-            print(f"  plot: {path}")
-        return 0
-    started, facts = time.perf_counter(), run_facts()
+        return redraw(draw, args.plots_from)
+    run = Run("background", argv)
     os.environ.update(environment(args))
-    recreate_database(args.database_url, drop_only=False)
-    try:
+    with disposable_database(args.database_url):
         import django
 
         django.setup()
@@ -443,27 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.db import connections
 
         connections.close_all()
-    finally:
-        recreate_database(args.database_url, drop_only=True)
-    report = {
-        "benchmark": "background",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "bench.background", *argv]),
-        **facts,
-        **part,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "load_average_end": load_average(),
-    }
-    output = args.output or RESULTS_DIR / f"background-{report['date'][:10]}.json"
-    write_json(report, output)
-    if not args.no_plots:
-        for path in draw(report):
-            print(f"  plot: {path}")
-    for name, phase in report["phases"].items():
-        print(f"  {name}: {phase['ms']}")
-    print(f"  during / idle: {report['during_vs_idle']}")
-    print(f"  results: {output}  ({report['wall_seconds']} s)")
-    return 0
+    return run.finish(part, args, draw=draw, lines=summary_lines)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,14 @@
 """What the benchmarks of docs/PERFORMANCE.md share: Django set up for a benchmark (its own
-database, the fixed-size test summarizer, o200k_base), a throwaway PostgreSQL database, one
-process per database, the facts a result must carry, the percentiles, and where results go.
-Importing it does not configure Django."""
+database, the fixed-size test summarizer, o200k_base), a throwaway PostgreSQL database, the
+facts a result must carry, the percentiles, and where results go (a command's frame around
+them is bench/command.py). Importing it does not configure Django."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import subprocess
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -100,13 +99,18 @@ def recreate_database(url: str, *, drop_only: bool) -> None:
             connection.execute(f'create database "{name}"')
 
 
-def run_part(module: str, backend: str, argv: Sequence[str], part: Path) -> dict[str, Any]:
-    """Run ``python -m <module> <argv> --backend <backend> --part <part>`` (one database
-    per process: Django is set up once) and read the JSON it wrote."""
-    command = [sys.executable, "-m", module, *argv, "--backend", backend, "--part", str(part)]
-    subprocess.run(command, check=True)
-    result: dict[str, Any] = json.loads(part.read_text(encoding="utf-8"))
-    return result
+@contextlib.contextmanager
+def disposable_database(url: str | None) -> Iterator[None]:
+    """The PostgreSQL database ``url`` names, created anew for the block and dropped after
+    it however the block ends (``recreate_database``); nothing for ``None`` (SQLite)."""
+    if url is None:
+        yield
+        return
+    recreate_database(url, drop_only=False)
+    try:
+        yield
+    finally:
+        recreate_database(url, drop_only=True)
 
 
 def bench_owner(name: str) -> Any:

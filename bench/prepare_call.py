@@ -14,24 +14,14 @@ run. See bench/prepare_measure.py for the clocks and docs/PERFORMANCE.md for res
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    IMAGES_DIR,
-    RESULTS_DIR,
-    recreate_database,
-    run_facts,
-    run_part,
-    write_json,
-)
-from tests.support.run_info import load_average
+from bench.command import add_command_options, backend_django, per_database_main
+from bench.common import IMAGES_DIR, write_json
 from tests.support.shared import DATA_DIR
 
 SIZES = (100, 1_000, 10_000, 100_000)
@@ -47,22 +37,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=40, help="ctxsum calls per round")
     parser.add_argument("--lc-calls", type=int, default=400, help="LangChain calls per round")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
-    parser.add_argument(
-        "--database-url",
-        default=DEFAULT_DATABASE,
-        help=f"PostgreSQL database to create, use and drop (default {DEFAULT_DATABASE})",
-    )
-    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
-    parser.add_argument("--output", type=Path, default=None, metavar="PATH")
-    parser.add_argument(
-        "--plots-from",
-        type=Path,
-        default=None,
-        metavar="JSON",
-        help="only redraw the plot from a results file of this command",
-    )
-    parser.add_argument("--backend", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
-    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
+    add_command_options(parser, default_database=DEFAULT_DATABASE, plots=False)
     return parser.parse_args(argv)
 
 
@@ -121,21 +96,8 @@ def measure_size(args: argparse.Namespace, state: Any, system: str) -> dict[str,
 
 def backend_main(args: argparse.Namespace) -> int:
     """One backend in this process: write its part of the results to ``--part``."""
-    from bench.common import setup_django
-
-    url = args.database_url if args.backend == "postgresql" else None
-    if url:
-        recreate_database(url, drop_only=False)
-    with tempfile.TemporaryDirectory(prefix="ctxsum-prepare-") as tmp:
-        setup_django(database_url=url, sqlite_dir=Path(tmp))
-        try:
-            part = run_backend(args)
-        finally:
-            from django.db import connections
-
-            connections.close_all()
-    if url:
-        recreate_database(url, drop_only=True)
+    with backend_django(args, prefix="ctxsum-prepare-"):
+        part = run_backend(args)
     write_json(part, args.part)
     return 0
 
@@ -158,38 +120,14 @@ def draw(report: dict[str, Any]) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.backend:
-        return backend_main(args)
-    if args.plots_from is not None:
-        for path in draw(json.loads(args.plots_from.read_text(encoding="utf-8"))):
-            print(f"  plot: {path}")
-        return 0
-    started, facts = time.perf_counter(), run_facts()
-    forwarded = [arg for arg in argv if arg != "--no-postgres"]
-    backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
-    with tempfile.TemporaryDirectory(prefix="ctxsum-prepare-parts-") as tmp:
-        parts = {
-            name: run_part("bench.prepare_call", name, forwarded, Path(tmp) / f"{name}.json")
-            for name in backends
-        }
-    report = {
-        "benchmark": "prepare_call",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "bench.prepare_call", *argv]),
-        **facts,
-        "rounds": args.rounds,
-        "backends": parts,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "load_average_end": load_average(),
-    }
-    output = args.output or RESULTS_DIR / f"prepare-call-{report['date'][:10]}.json"
-    write_json(report, output)
-    for path in draw(report):
-        print(f"  plot: {path}")
-    print(f"  results: {output}  ({report['wall_seconds']} s)")
-    return 0
+    return per_database_main(
+        "prepare_call",
+        argv,
+        parse_args=parse_args,
+        backend_main=backend_main,
+        draw=draw,
+        options=("rounds",),
+    )
 
 
 if __name__ == "__main__":

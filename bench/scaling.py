@@ -15,24 +15,14 @@ own; results in docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    IMAGES_DIR,
-    RESULTS_DIR,
-    recreate_database,
-    run_facts,
-    run_part,
-    write_json,
-)
-from tests.support.run_info import load_average
+from bench.command import add_command_options, backend_django, per_database_main
+from bench.common import IMAGES_DIR, write_json
 from tests.support.shared import DATA_DIR
 
 SIZES = (10, 1_000, 10_000, 100_000)
@@ -74,23 +64,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--dialogues", type=int, default=None, help="other conversations: the first N dialogues"
     )
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
-    parser.add_argument(
-        "--database-url",
-        default=DEFAULT_DATABASE,
-        help=f"PostgreSQL database to create, use and drop (default {DEFAULT_DATABASE})",
-    )
-    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
-    parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--output", type=Path, default=None, metavar="PATH")
-    parser.add_argument(
-        "--plots-from",
-        type=Path,
-        default=None,
-        metavar="JSON",
-        help="only redraw the plot from a results file of this command",
-    )
-    parser.add_argument("--backend", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
-    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
+    add_command_options(parser, default_database=DEFAULT_DATABASE)
     return parser.parse_args(argv)
 
 
@@ -201,23 +175,8 @@ def ratios(targets: Sequence[Any], results: dict[str, Any]) -> dict[str, Any]:
 
 def backend_main(args: argparse.Namespace) -> int:
     """One backend in this process: write its part of the results to ``--part``."""
-    from bench.common import setup_django
-
-    url = args.database_url if args.backend == "postgresql" else None
-    if url:
-        recreate_database(url, drop_only=False)
-    try:
-        with tempfile.TemporaryDirectory(prefix="ctxsum-scaling-") as tmp:
-            setup_django(database_url=url, sqlite_dir=Path(tmp))
-            try:
-                part = run_backend(args)
-            finally:
-                from django.db import connections
-
-                connections.close_all()
-    finally:
-        if url:
-            recreate_database(url, drop_only=True)
+    with backend_django(args, prefix="ctxsum-scaling-"):
+        part = run_backend(args)
     write_json(part, args.part)
     return 0
 
@@ -229,47 +188,26 @@ def draw(report: dict[str, Any]) -> list[Path]:
     return [scaling_operations_plot(report["backends"], path)]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.backend:
-        return backend_main(args)
-    if args.plots_from is not None:
-        for path in draw(json.loads(args.plots_from.read_text(encoding="utf-8"))):
-            print(f"  plot: {path}")
-        return 0
-    started, facts = time.perf_counter(), run_facts()
-    forwarded = [arg for arg in argv if arg not in ("--no-postgres", "--no-plots")]
-    backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
-    with tempfile.TemporaryDirectory(prefix="ctxsum-scaling-parts-") as tmp:
-        parts = {
-            name: run_part("bench.scaling", name, forwarded, Path(tmp) / f"{name}.json")
-            for name in backends
-        }
-    report = {
-        "benchmark": "scaling",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "bench.scaling", *argv]),
-        **facts,
-        "rounds": args.rounds,
-        "calls": args.calls,
-        "heavy_rounds": args.heavy_rounds,
-        "heavy_calls": args.heavy_calls,
-        "backends": parts,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "load_average_end": load_average(),
-    }
-    output = args.output or RESULTS_DIR / f"scaling-{report['date'][:10]}.json"
-    write_json(report, output)
-    if not args.no_plots:
-        for path in draw(report):
-            print(f"  plot: {path}")
-    for name, part in parts.items():
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The median ratios, largest size over smallest, of every database."""
+    lines = []
+    for name, part in report["backends"].items():
         for key, value in part["ratios"].items():
             figures = {op: figures["median"] for op, figures in value.items()}
-            print(f"  {name} {key}: {figures}")
-    print(f"  results: {output}  ({report['wall_seconds']} s)")
-    return 0
+            lines.append(f"{name} {key}: {figures}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return per_database_main(
+        "scaling",
+        argv,
+        parse_args=parse_args,
+        backend_main=backend_main,
+        draw=draw,
+        options=("rounds", "calls", "heavy_rounds", "heavy_calls"),
+        lines=summary_lines,
+    )
 
 
 if __name__ == "__main__":

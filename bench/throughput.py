@@ -18,28 +18,17 @@ one process. Results in docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
 import multiprocessing
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import (
-    IMAGES_DIR,
-    RESULTS_DIR,
-    percentile,
-    recreate_database,
-    run_facts,
-    run_part,
-    write_json,
-)
-from tests.support.run_info import load_average
+from bench.command import add_command_options, backend_django, per_database_main
+from bench.common import IMAGES_DIR, percentile, write_json
 from tests.support.shared import DATA_DIR
 
 PROCESSES = (1, 4, 8)
@@ -61,23 +50,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
-    parser.add_argument(
-        "--database-url",
-        default=DEFAULT_DATABASE,
-        help=f"PostgreSQL database to create, use and drop (default {DEFAULT_DATABASE})",
-    )
-    parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
-    parser.add_argument("--no-plots", action="store_true")
-    parser.add_argument("--output", type=Path, default=None, metavar="PATH")
-    parser.add_argument(
-        "--plots-from",
-        type=Path,
-        default=None,
-        metavar="JSON",
-        help="only redraw the plot from a results file of this command",
-    )
-    parser.add_argument("--backend", choices=("sqlite", "postgresql"), help=argparse.SUPPRESS)
-    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
+    add_command_options(parser, default_database=DEFAULT_DATABASE)
     return parser.parse_args(argv)
 
 
@@ -231,34 +204,21 @@ def database_settings() -> dict[str, Any]:
 
 def backend_main(args: argparse.Namespace) -> int:
     """One backend in this process and its P workers: write its results to ``--part``."""
-    from bench.common import bench_owner, setup_django
+    from bench.common import bench_owner
     from bench.prepare_state import agent_pool, history_stream
     from bench.throughput_worker import Setup
 
-    url = args.database_url if args.backend == "postgresql" else None
-    if url:
-        recreate_database(url, drop_only=False)
-    try:
-        with tempfile.TemporaryDirectory(prefix="ctxsum-throughput-") as tmp:
-            setup_django(database_url=url, sqlite_dir=Path(tmp), sqlite_immediate=True)
-            system, runs = agent_pool(args.data_dir)
-            bench_owner(OWNER)
-            setup = Setup(
-                database_url=url,
-                sqlite_dir=Path(tmp),
-                owner=OWNER,
-                system=system,
-                block=history_stream(runs, BLOCK),
-            )
-            try:
-                part = run_backend(args, setup)
-            finally:
-                from django.db import connections
-
-                connections.close_all()
-    finally:
-        if url:
-            recreate_database(url, drop_only=True)
+    with backend_django(args, prefix="ctxsum-throughput-", sqlite_immediate=True) as database:
+        system, runs = agent_pool(args.data_dir)
+        bench_owner(OWNER)
+        setup = Setup(
+            database_url=database.url,
+            sqlite_dir=database.sqlite_dir,
+            owner=OWNER,
+            system=system,
+            block=history_stream(runs, BLOCK),
+        )
+        part = run_backend(args, setup)
     write_json(part, args.part)
     return 0
 
@@ -269,44 +229,25 @@ def draw(report: dict[str, Any]) -> list[Path]:
     return [throughput_plot(report["backends"], IMAGES_DIR / "perf-throughput.png")]
 
 
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The medians of every database and number of processes."""
+    return [
+        f"{name} P={processes}: {figures['median']}"
+        for name, part in report["backends"].items()
+        for processes, figures in part["processes"].items()
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    if args.backend:
-        return backend_main(args)
-    if args.plots_from is not None:
-        for path in draw(json.loads(args.plots_from.read_text(encoding="utf-8"))):
-            print(f"  plot: {path}")
-        return 0
-    started, facts = time.perf_counter(), run_facts()
-    forwarded = [arg for arg in argv if arg not in ("--no-postgres", "--no-plots")]
-    backends = ["sqlite"] if args.no_postgres else ["sqlite", "postgresql"]
-    with tempfile.TemporaryDirectory(prefix="ctxsum-throughput-parts-") as tmp:
-        parts = {
-            name: run_part("bench.throughput", name, forwarded, Path(tmp) / f"{name}.json")
-            for name in backends
-        }
-    report = {
-        "benchmark": "throughput",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "-m", "bench.throughput", *argv]),
-        **facts,
-        "duration": args.duration,
-        "rounds": args.rounds,
-        "backends": parts,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "load_average_end": load_average(),
-    }
-    output = args.output or RESULTS_DIR / f"throughput-{report['date'][:10]}.json"
-    write_json(report, output)
-    if not args.no_plots:
-        for path in draw(report):
-            print(f"  plot: {path}")
-    for name, part in parts.items():
-        for processes, figures in part["processes"].items():
-            print(f"  {name} P={processes}: {figures['median']}")
-    print(f"  results: {output}  ({report['wall_seconds']} s)")
-    return 0
+    return per_database_main(
+        "throughput",
+        argv,
+        parse_args=parse_args,
+        backend_main=backend_main,
+        draw=draw,
+        options=("duration", "rounds"),
+        lines=summary_lines,
+    )
 
 
 if __name__ == "__main__":
