@@ -15,7 +15,7 @@ from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason
 from ctxsum.selectors import prompt_sha256, summary_message
-from ctxsum.services import compaction
+from ctxsum.services import leases
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.leases import lease_seconds
 from ctxsum.services.summaries import summary_size
@@ -397,10 +397,10 @@ def test_a_no_gain_range_holds_back_only_ranges_from_its_own_start(
     """A worker plans [1, 3]; before it takes the lease, another worker, whose snapshot has
     two more messages, finds [1, 5] no gain. The first then commits [1, 3]. The next range,
     [4, 5], lies inside the no-gain one but was never sent: it must be tried."""
-    take = compaction.lease_take
+    take = leases.lease_take
 
     def another_worker_first(conversation, *, db):
-        monkeypatch.setattr(compaction, "lease_take", take)
+        monkeypatch.setattr(leases, "lease_take", take)
         other = Conversation.objects.get(pk=travel.pk)
         booked = [assistant_message("The 7:05 flight, AI-865."), user_message("Book it.")]
         services.message_append(conversation=other, messages=booked)
@@ -410,7 +410,7 @@ def test_a_no_gain_range_holds_back_only_ranges_from_its_own_start(
         reply_summarizer.reply = "Delhi."
         return take(conversation, db=db)
 
-    monkeypatch.setattr(compaction, "lease_take", another_worker_first)
+    monkeypatch.setattr(leases, "lease_take", another_worker_first)
     first = conversation_compact(conversation=travel)
     assert first.compacted and [row.seq for row in first.archived] == [1, 2, 3]
 

@@ -290,15 +290,16 @@ def test_a_compaction_committed_before_the_revert_takes_the_lease_is_a_conflict(
     compact(conversation)
     more = [long_user_message(f"m{i}") for i in range(4)]
     services.message_append(conversation=conversation, messages=more)
-    from ctxsum.services import revert
+    from ctxsum.services import leases
 
-    real_take = revert.lease_take
+    real_take = leases.lease_take
 
     def compaction_first(target: Conversation, *, db: str) -> str | None:
+        monkeypatch.setattr(leases, "lease_take", real_take)  # the compaction takes its own
         compact(Conversation.objects.get(pk=target.pk))
         return real_take(target, db=db)
 
-    monkeypatch.setattr(revert, "lease_take", compaction_first)
+    monkeypatch.setattr(leases, "lease_take", compaction_first)
     result = services.conversation_revert(conversation=conversation, version=1)
     monkeypatch.undo()
 

@@ -24,8 +24,7 @@ from ctxsum.exceptions import MessagesInvalid
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get
-from ctxsum.services import conversation_create, conversation_revert, message_append
-from ctxsum.services import revert as revert_module
+from ctxsum.services import conversation_create, conversation_revert, leases, message_append
 from tests.factories import FILLER, assistant_calls, long_user_message, tool_result
 from tests.invariants import assert_context_invariants
 from tests.postgres import POSTGRES, blocked, compact_held, held_openai, start, wait_until
@@ -99,15 +98,16 @@ def test_a_compaction_committed_after_the_revert_read_makes_it_a_conflict(user, 
     later = more("later")
     message_append(conversation=conversation, messages=later)
     worker = compact_held(conversation, fake, force=True)
-    real_take = revert_module.lease_take
+    real_take = leases.lease_take
     committed: list[Any] = []
 
     def after_the_compaction(target: Conversation, *, db: str) -> str | None:
+        monkeypatch.setattr(leases, "lease_take", real_take)
         fake.release()
         committed.append(worker.outcome())
         return real_take(target, db=db)
 
-    monkeypatch.setattr(revert_module, "lease_take", after_the_compaction)
+    monkeypatch.setattr(leases, "lease_take", after_the_compaction)
     result = conversation_revert(conversation=conversation, version=1)
 
     assert committed[0].compacted

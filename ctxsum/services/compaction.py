@@ -24,13 +24,7 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Plan, Policy, Reason, Sizing, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
 from ctxsum.services.fact_merge import facts_commit, facts_lock
-from ctxsum.services.leases import (
-    LeaseLost,
-    lease_lock,
-    lease_release,
-    lease_renew,
-    lease_take,
-)
+from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import compaction_failed, summary_created
@@ -42,11 +36,11 @@ RECORDED_SKIPS = (Reason.NOTHING_TO_SUMMARIZE, Reason.IN_PROGRESS, Reason.NO_GAI
 Outcome = CompactionAttempt.Outcome
 
 
-class _Conflict(Exception):
+class _Conflict(WriteNothing):
     """The snapshot no longer matches the database: roll back, write nothing."""
 
 
-class _NoGain(Exception):
+class _NoGain(WriteNothing):
     """The summary is not smaller than what it would replace: write nothing."""
 
 
@@ -114,10 +108,7 @@ def conversation_compact(
         return _planned_only(run, dry_run=dry_run)
     if _had_no_gain(run):
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
-    token = lease_take(run.conversation, db=run.db)
-    if token is None:
-        return _skipped(run, Reason.IN_PROGRESS)
-    return _compact_leased(run, token)
+    return _compact_leased(run)
 
 
 def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
@@ -163,32 +154,18 @@ def _had_no_gain(run: _Run) -> bool:
     )
 
 
-def _compact_leased(run: _Run, token: str) -> CompactionResult:
-    """Summarize and commit under the lease ``token``; release it whatever happens."""
-    conversation = run.conversation
+def _compact_leased(run: _Run) -> CompactionResult:
+    """Take the lease, summarize and commit; a failure is recorded and raised."""
     try:
-        # Outside every transaction: the LLM call may take seconds and holds no lock.
-        written = summary_write(
-            conversation,
-            run.context.summary,
-            run.archived,
-            budget=run.plan.summary_budget,
-            before_call=partial(lease_renew, conversation, token, db=run.db),
-        )
-        _check_gain(run, written)
-        checked = summary_coverage(run.context.summary, run.archived, written.text)
-        summary, attempt = _commit(run, written, checked, token)
-    except (_Conflict, LeaseLost, _NoGain) as error:
-        lease_release(conversation, token, db=run.db)
-        if isinstance(error, _NoGain):
-            return _skipped(run, Reason.NO_GAIN, archived=run.archived)
+        with leased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
+            if token is None:
+                return _skipped(run, Reason.IN_PROGRESS)
+            summary, attempt = _summarize_and_commit(run, token)
+    except _NoGain:
+        return _skipped(run, Reason.NO_GAIN, archived=run.archived)
+    except (_Conflict, LeaseLost):
         return _skipped(run, Reason.CONFLICT, archived=run.archived, outcome=Outcome.CONFLICT)
-    except Conversation.DoesNotExist:
-        raise  # deleted meanwhile: nothing left to release or record
-    except Exception as error:
-        lease_release(conversation, token, db=run.db)
-        _failed(run, error)
-        raise
+    conversation = run.conversation
     conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
     context = context_get(conversation=conversation)
     return CompactionResult(
@@ -201,6 +178,21 @@ def _compact_leased(run: _Run, token: str) -> CompactionResult:
         archived=run.archived,
         over_trigger=over_trigger(context, run.policy),
     )
+
+
+def _summarize_and_commit(run: _Run, token: str) -> tuple[Summary, CompactionAttempt]:
+    """Summarize the archived range under the lease ``token``, then commit the summary."""
+    # Outside every transaction: the LLM call may take seconds and holds no lock.
+    written = summary_write(
+        run.conversation,
+        run.context.summary,
+        run.archived,
+        budget=run.plan.summary_budget,
+        before_call=partial(lease_renew, run.conversation, token, db=run.db),
+    )
+    _check_gain(run, written)
+    checked = summary_coverage(run.context.summary, run.archived, written.text)
+    return _commit(run, written, checked, token)
 
 
 def _replaced(run: _Run) -> int:

@@ -4,11 +4,14 @@ Taken with one conditional UPDATE (the row count says who won), renewed before e
 summarizer call, released by the commit or on failure. A worker that dies leaves its lease
 behind; it is abandoned once older than ``lease_seconds()`` and the next compaction takes it
 over. Leases are bookkeeping, not changes: queryset updates leave ``updated_at`` alone.
+``leased`` is the frame a compaction, a rebuild and a revert run in: take, give back.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db.models import Q
@@ -22,7 +25,12 @@ from ctxsum.models import Conversation
 LEASE_GRACE_SECONDS = 5
 
 
-class LeaseLost(Exception):
+class WriteNothing(Exception):
+    """The leased work must write nothing (a conflict, no gain), which is not a failure:
+    ``leased`` gives the lease back and lets the exception through to say why."""
+
+
+class LeaseLost(WriteNothing):
     """Another worker took the lease over: whatever this one wrote must not be committed."""
 
 
@@ -76,3 +84,35 @@ def lease_lock(conversation: Conversation, token: str, *, db: str) -> Conversati
             raise Conversation.DoesNotExist
         raise LeaseLost
     return locked
+
+
+@contextmanager
+def leased(
+    conversation: Conversation, *, db: str, failed: Callable[[Exception], None] | None = None
+) -> Iterator[str | None]:
+    """Take the conversation's lease for the body: yields its token, or None (nothing
+    taken) while another worker holds a live lease. Raises Conversation.DoesNotExist when
+    the conversation is gone.
+
+    A body that ends without raising leaves the lease as its commit left it: released in
+    the same write. One that raises gives the lease up and tells ``failed`` of the error
+    (unless it is WriteNothing: a conflict, no gain), then the error goes on. An error
+    taking the lease, or Conversation.DoesNotExist from the body (deleted meanwhile), goes
+    on untouched: nothing to release, nothing to record.
+    """
+    token = lease_take(conversation, db=db)
+    if token is None:
+        yield None
+        return
+    try:
+        yield token
+    except Conversation.DoesNotExist:
+        raise  # deleted meanwhile: nothing left to release or record
+    except WriteNothing:
+        lease_release(conversation, token, db=db)
+        raise
+    except Exception as error:
+        lease_release(conversation, token, db=db)
+        if failed is not None:
+            failed(error)
+        raise

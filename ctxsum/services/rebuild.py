@@ -31,7 +31,7 @@ from ctxsum.services.compaction import (
     summary_insert,
 )
 from ctxsum.services.fact_merge import facts_commit, facts_lock
-from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_renew, lease_take
+from ctxsum.services.leases import LeaseLost, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import write_db
 
@@ -63,20 +63,14 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
     previous = Summary.objects.using(db).filter(conversation=conversation, active=True).first()
     if previous is None:
         return Rebuilt(rebuilt=False, reason=Reason.NOTHING_TO_SUMMARIZE)
-    token = lease_take(conversation, db=db)
-    if token is None:
-        return Rebuilt(rebuilt=False, reason=Reason.IN_PROGRESS, replaced=previous)
+    failed = partial(_failed, conversation, previous, db=db)
     try:
-        summary = _rebuild_leased(conversation, previous, token, db=db)
+        with leased(conversation, db=db, failed=failed) as token:
+            if token is None:
+                return Rebuilt(rebuilt=False, reason=Reason.IN_PROGRESS, replaced=previous)
+            summary = _rebuild_leased(conversation, previous, token, db=db)
     except LeaseLost:
-        lease_release(conversation, token, db=db)
         return Rebuilt(rebuilt=False, reason=Reason.CONFLICT, replaced=previous)
-    except Conversation.DoesNotExist:
-        raise
-    except Exception as error:
-        lease_release(conversation, token, db=db)
-        _failed(conversation, previous, error, db=db)
-        raise
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     return Rebuilt(rebuilt=True, reason=Reason.REBUILT, summary=summary, replaced=previous)
 

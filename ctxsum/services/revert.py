@@ -27,7 +27,7 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
 from ctxsum.services.fact_merge import facts_lock, facts_revert, facts_to_revert
-from ctxsum.services.leases import LeaseLost, lease_lock, lease_release, lease_take
+from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
 from ctxsum.services.transactions import write_db
 from ctxsum.signals import summary_reverted
 
@@ -39,7 +39,7 @@ NONE_ACTIVE = _("Version {version} is not the active summary; the conversation h
 Outcome = CompactionAttempt.Outcome
 
 
-class _Conflict(Exception):
+class _Conflict(WriteNothing):
     """The active summary changed since it was read: write nothing."""
 
 
@@ -78,21 +78,15 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
         active = summaries.filter(active=True).values_list("version", flat=True).first()
         message = NONE_ACTIVE if active is None else NOT_ACTIVE
         raise ValidationError({"version": [message.format(version=version, active=active)]})
-    token = lease_take(conversation, db=db)
-    if token is None:
-        return Reverted(reverted=False, reason=Reason.IN_PROGRESS, reverted_summary=target)
     try:
-        locked, restored, attempt = _commit(
-            conversation, target, token, db=db, facts=facts_to_revert(target)
-        )
+        with leased(conversation, db=db) as token:
+            if token is None:
+                return Reverted(reverted=False, reason=Reason.IN_PROGRESS, reverted_summary=target)
+            locked, restored, attempt = _commit(
+                conversation, target, token, db=db, facts=facts_to_revert(target)
+            )
     except (_Conflict, LeaseLost):
-        lease_release(conversation, token, db=db)
         return Reverted(reverted=False, reason=Reason.CONFLICT, reverted_summary=target)
-    except Conversation.DoesNotExist:
-        raise  # deleted meanwhile: nothing left to release
-    except Exception:
-        lease_release(conversation, token, db=db)
-        raise
     conversation.update_from(locked)
     return Reverted(
         reverted=True,

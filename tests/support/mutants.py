@@ -348,24 +348,23 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "conflict-keeps-lease",
-        COMPACTION,
-        "    except (_Conflict, LeaseLost, _NoGain) as error:\n"
-        "        lease_release(conversation, token, db=run.db)\n",
-        "    except (_Conflict, LeaseLost, _NoGain) as error:\n",
+        LEASES,
+        "    except WriteNothing:\n        lease_release(conversation, token, db=db)\n",
+        "    except WriteNothing:\n",
         COMPACTION_TESTS,
     ),
     Mutant(
         "failure-keeps-lease",
-        COMPACTION,
-        "    except Exception as error:\n        lease_release(conversation, token, db=run.db)\n",
+        LEASES,
+        "    except Exception as error:\n        lease_release(conversation, token, db=db)\n",
         "    except Exception as error:\n",
         COMPACTION_TESTS,
     ),
     Mutant(
         "failure-unrecorded",
         COMPACTION,
-        "        _failed(run, error)\n",
-        "",
+        "leased(run.conversation, db=run.db, failed=partial(_failed, run))",
+        "leased(run.conversation, db=run.db)",
         COMPACTION_TESTS,
     ),
     Mutant(
