@@ -321,15 +321,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "no-gain-when-equal-commits",
         COMPACTION,
-        "if written.token_count >= replaced:",
-        "if written.token_count > replaced:",
+        "if written.token_count >= _replaced(run):",
+        "if written.token_count > _replaced(run):",
         COMPACTION_TESTS,
     ),
     Mutant(
         "no-gain-forgets-old-summary",
         COMPACTION,
-        "    replaced += run.context.summary.token_count if run.context.summary else 0\n",
-        "",
+        "    return replaced + (run.context.summary.token_count if run.context.summary else 0)",
+        "    return replaced",
         COMPACTION_TESTS,
     ),
     Mutant(
@@ -392,8 +392,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "record-without-row-lock",
         COMPACTION,
-        "rows = Conversation.objects.using(run.db).select_for_update()",
-        "rows = Conversation.objects.using(run.db)",
+        "rows = Conversation.objects.using(db).select_for_update()",
+        "rows = Conversation.objects.using(db)",
         RACE_TESTS,
         postgres=True,
     ),
