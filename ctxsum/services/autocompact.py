@@ -87,9 +87,10 @@ def compaction_due(conversation: Conversation) -> tuple[bool, bool]:
 
 
 def autocompact_schedule(locked: Conversation) -> Schedule:
-    """Inside the append's transaction, with the row locked and its counters moved: what
-    follows the append. For ``QUEUED`` the enqueue is registered with ``on_commit``, so a
-    rolled-back append (or a caller's transaction that rolls back) enqueues nothing."""
+    """From the row as the append left it (in the append's transaction, or right after its
+    one statement on PostgreSQL): what follows the append. For ``QUEUED`` the enqueue is
+    registered with ``on_commit``, so a rolled-back append (or a caller's transaction that
+    rolls back) enqueues nothing."""
     if not ctxsum_settings.AUTO_COMPACT:
         return Schedule.OFF
     due, over_ceiling = compaction_due(locked)
