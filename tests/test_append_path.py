@@ -335,14 +335,25 @@ def test_plain_messages_are_one_statement_with_no_transaction(user):
     assert fields(conversation) == fields(Conversation.objects.get(pk=conversation.pk))
     assert_counters_match_rows(conversation)
 
-    # What must be checked or indexed under the row lock takes the transaction.
-    for batch, expected in [
-        ([assistant_calls("call_a", name="track")], ["BEGIN", "UPDATE", "INSERT", "INSERT"]),
-        ([tool_result("call_a", "Shipped.")], ["BEGIN", "UPDATE", "SELECT", "INSERT"]),
-    ]:
-        with CaptureQueriesContext(connection) as captured:
-            message_append(conversation=conversation, messages=batch)
-        assert statements(captured) == [*expected, "COMMIT"]
+    # Tool calls too, their index rows in the same statement; a tool result, checked under
+    # the row lock, takes the transaction.
+    calls = [
+        assistant_calls("call_a", "call_b", name="track"),
+        user_message("And?"),
+        assistant_calls("call_c", name="it's"),
+    ]
+    with CaptureQueriesContext(connection) as captured:
+        rows = message_append(conversation=conversation, messages=calls).messages
+    assert statements(captured) == ["WITH"]
+    index = ToolCall.objects.filter(conversation=conversation).order_by("seq", "call_id")
+    assert [(call.call_id, call.name, call.seq, call.message_id) for call in index] == [
+        ("call_a", "track", 4, rows[0].pk),
+        ("call_b", "track", 4, rows[0].pk),
+        ("call_c", "it's", 6, rows[2].pk),
+    ]
+    with CaptureQueriesContext(connection) as captured:
+        message_append(conversation=conversation, messages=[tool_result("call_a", "Shipped.")])
+    assert statements(captured) == ["BEGIN", "UPDATE", "SELECT", "INSERT", "COMMIT"]
     assert_counters_match_rows(conversation)
     assert_context_invariants(conversation)
 

@@ -20,12 +20,15 @@ SIZES = [10, 2000]
 # the counters that locks the conversation row and returns it, INSERT of the messages,
 # RELEASE.
 TRANSACTION_APPEND_QUERIES = 4
-# On PostgreSQL, messages with no tool call or result: the UPDATE and the INSERT as one
-# statement, with no transaction of its own.
-APPEND_QUERIES = 1 if connection.vendor == "postgresql" else TRANSACTION_APPEND_QUERIES
+# On PostgreSQL, messages with no tool result: the UPDATE, the INSERT and the tool calls'
+# index rows as one statement, with no transaction of its own.
+ONE_STATEMENT = connection.vendor == "postgresql"
+APPEND_QUERIES = 1 if ONE_STATEMENT else TRANSACTION_APPEND_QUERIES
 # A tool result also looks its request up in the tool-call index; a tool call inserts it.
 APPEND_TOOL_RESULT_QUERIES = TRANSACTION_APPEND_QUERIES + 1
-APPEND_TOOL_CALL_QUERIES = TRANSACTION_APPEND_QUERIES + 1
+APPEND_TOOL_CALL_QUERIES = 1 if ONE_STATEMENT else TRANSACTION_APPEND_QUERIES + 1
+# A batch with a tool result is checked under the row lock, its tool calls indexed after.
+APPEND_BATCH_QUERIES = TRANSACTION_APPEND_QUERIES + 1
 # The active summary, the active messages, the key facts (the facts block).
 CONTEXT_QUERIES = 3
 # Over REST, the owner-scoped lookup of the conversation comes first.
@@ -79,7 +82,7 @@ def test_append_a_tool_call_and_its_result(conversation, django_assert_num_queri
 def test_append_a_batch(conversation, django_assert_num_queries) -> None:
     # A whole turn (tool call and its result in the same batch): the result finds its
     # request in the batch, so no index lookup.
-    with django_assert_num_queries(APPEND_TOOL_CALL_QUERIES):
+    with django_assert_num_queries(APPEND_BATCH_QUERIES):
         message_append(conversation=conversation, messages=turn(100_000))
 
 

@@ -9,10 +9,11 @@ trip (PostgreSQL, and SQLite from 3.35, which ctxsum needs anyway: its inserts r
 keys back). What the append does next under the lock (the tool-result checks, the INSERT)
 runs in the same transaction: a refusal rolls the counters back with it.
 
-On PostgreSQL, an append with nothing to check or index under the lock (no tool result, no
-tool call) is one statement (``append_claim_insert``): the UPDATE in a ``WITH`` clause and
-the INSERT that takes its seqs from the row the UPDATE returned. A statement is atomic on
-its own, so it needs no ``BEGIN`` and ``COMMIT``: one round trip instead of four.
+On PostgreSQL, an append with nothing to check under the lock (no tool result) is one
+statement (``append_claim_insert``): the UPDATE in a ``WITH`` clause, the INSERT that takes
+its seqs from the row the UPDATE returned, and the tool-call index rows of what it
+inserted. A statement is atomic on its own, so it needs no ``BEGIN`` and ``COMMIT``: one
+round trip instead of four (or five, with tool calls).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
 from django.utils import timezone
 
-from ctxsum.models import Conversation, Message
+from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.services.inserts import column_name, insert_fields, row_values
 
 # The counters that move by the number of messages appended.
@@ -56,19 +57,24 @@ def append_claim(*, pk: Any, db: str, count: int, tokens: int) -> Conversation:
 
 
 def append_claim_insert(*, pk: Any, db: str, rows: Sequence[Message], tokens: int) -> Conversation:
-    """PostgreSQL: ``append_claim`` and the INSERT of ``rows`` (new messages of the
-    conversation ``pk``, none with tool calls) in one statement, which needs no transaction
-    of its own. The rows get their seqs, from the claimed ``next_seq``, and primary keys.
-    Raises Conversation.DoesNotExist, with nothing inserted, when the conversation does not
-    exist."""
+    """PostgreSQL: ``append_claim``, the INSERT of ``rows`` (new messages of the
+    conversation ``pk``) and of their tool calls' index rows in one statement, which needs
+    no transaction of its own. The rows get their seqs, from the claimed ``next_seq``, and
+    primary keys. Raises Conversation.DoesNotExist, with nothing inserted, when the
+    conversation does not exist."""
     connection = connections[db]
     statement = _claim_insert(connection)
     params = _claim_params(pk, len(rows), tokens, connection)
+    calls: list[Any] = []
     for back, row in zip(range(len(rows), 0, -1), rows, strict=True):
         params += [back, *row_values(row, statement.fields, connection)]
-    values = ", ".join([statement.row] * len(rows))
+        for call in row.tool_calls or ():
+            calls += [back, call["id"], call["function"]["name"]]
+    sql = [statement.head, ", ".join([statement.row] * len(rows)), statement.added]
+    if calls:
+        sql += [statement.calls, ", ".join([statement.call] * (len(calls) // 3)), statement.joined]
     with connection.cursor() as cursor:
-        cursor.execute(f"{statement.head} {values} {statement.tail}", params)
+        cursor.execute(" ".join([*sql, statement.tail]), params + calls)
         found = cursor.fetchone()
     if found is None:
         raise _gone()
@@ -100,7 +106,11 @@ class _ClaimInsert:
     fields: list[Field[Any, Any]]  # the message columns of a VALUES row: all but ``seq``
     head: str  # WITH claim AS (UPDATE …), added AS (INSERT … FROM claim, (VALUES
     row: str  # (CAST(%s AS integer), CAST(%s AS …), …)
-    tail: str  # ) AS v (…) RETURNING …) SELECT claim.*, ARRAY(…) FROM claim
+    added: str  # ) AS v (…) RETURNING id, seq)
+    calls: str  # , calls AS (INSERT INTO the tool-call index … (VALUES
+    call: str  # (CAST(%s AS integer), CAST(%s AS …), CAST(%s AS …))
+    joined: str  # ) AS c (back, call_id, name) WHERE added.seq = claim.next_seq - c.back)
+    tail: str  # SELECT claim.*, ARRAY(…) FROM claim
 
 
 _CLAIM_INSERTS: dict[str, _ClaimInsert] = {}
@@ -110,7 +120,9 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
     """The statement of ``append_claim_insert``, composed once per vendor. Each VALUES row
     is the row's distance back from ``next_seq`` (the last row's is 1), then its values,
     cast to their columns' types (a VALUES list in FROM does not take them from the INSERT);
-    ``seq`` is the claimed ``next_seq`` less that distance."""
+    ``seq`` is the claimed ``next_seq`` less that distance. A tool call's VALUES row is its
+    message's distance, its id and its function's name; its index row takes the message's
+    id and seq from what ``added`` returned."""
     statement = _CLAIM_INSERTS.get(connection.vendor)
     if statement is None:
         quote = connection.ops.quote_name
@@ -121,18 +133,33 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
         pk = quote(column_name(Message._meta.pk))
         columns = ", ".join([*(quote(column_name(field)) for field in fields), seq])
         values = ", ".join(f"v.{name}" for name in names)
+        index = {field.name: field for field in ToolCall._meta.concrete_fields}
+        call_id, name = index["call_id"], index["name"]
+        index_columns = ", ".join(
+            quote(column_name(index[field]))
+            for field in ("conversation", "message", "seq", "call_id", "name")
+        )
+        next_seq = f"claim.{quote('next_seq')}"
         statement = _CLAIM_INSERTS[connection.vendor] = _ClaimInsert(
             fields=fields,
             head=(
                 f"WITH claim AS ({_sql(connection)}), "
                 f"added AS (INSERT INTO {quote(Message._meta.db_table)} ({columns}) "
-                f"SELECT {values}, claim.{quote('next_seq')} - v.back FROM claim, (VALUES"
+                f"SELECT {values}, {next_seq} - v.back FROM claim, (VALUES"
             ),
             row=f"(CAST(%s AS integer), {', '.join(casts)})",
-            tail=(
-                f") AS v (back, {', '.join(names)}) RETURNING {pk}, {seq}) "
-                f"SELECT claim.*, ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim"
+            added=f") AS v (back, {', '.join(names)}) RETURNING {pk}, {seq})",
+            calls=(
+                f", calls AS (INSERT INTO {quote(ToolCall._meta.db_table)} ({index_columns}) "
+                f"SELECT claim.{quote(column_name(Conversation._meta.pk))}, added.{pk}, "
+                f"added.{seq}, c.call_id, c.name FROM claim, added, (VALUES"
             ),
+            call=(
+                f"(CAST(%s AS integer), CAST(%s AS {call_id.cast_db_type(connection)}), "
+                f"CAST(%s AS {name.cast_db_type(connection)}))"
+            ),
+            joined=f") AS c (back, call_id, name) WHERE added.{seq} = {next_seq} - c.back)",
+            tail=f"SELECT claim.*, ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim",
         )
     return statement
 

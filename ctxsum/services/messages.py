@@ -254,7 +254,7 @@ def message_append(
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
     if idempotency is None and _in_one_statement(cleaned, db):
-        # Nothing to check or index under the row lock: no transaction of its own either.
+        # Nothing to check under the row lock: no transaction of its own either.
         rows = message_rows(conversation, cleaned, counts, first_seq=1)  # seqs: the claim's
         locked = append_claim_insert(pk=conversation.pk, db=db, rows=rows, tokens=sum(counts))
         schedule = _appended(locked, rows, db=db)
@@ -276,12 +276,12 @@ def message_append(
 
 def _in_one_statement(cleaned: Sequence[Mapping[str, Any]], db: str) -> bool:
     """Whether the append can be ``append_claim_insert``'s one statement: on PostgreSQL, with
-    no tool result to check and no tool call to index, and a first message that cannot be
-    the leading one (``is_leading`` is then false for every row, whatever seqs the claim
-    gives them)."""
+    no tool result to check under the row lock, and a first message that cannot be the
+    leading one (``is_leading`` is then false for every row, whatever seqs the claim gives
+    them)."""
     if connections[db].vendor != "postgresql" or cleaned[0]["role"] in LEADING_ROLES:
         return False
-    return not any(message["role"] == "tool" or message.get("tool_calls") for message in cleaned)
+    return not any(message["role"] == "tool" for message in cleaned)
 
 
 def _appended(locked: Conversation, rows: list[Message], *, db: str) -> Schedule:
