@@ -373,3 +373,21 @@ def test_a_leading_message_and_a_full_batch_on_postgres(user):
     assert [(row.pk, row.content) for row in stored] == [(row.pk, row.content) for row in rows]
     assert not any(row.is_leading for row in stored)
     assert_counters_match_rows(conversation)
+
+
+@on_postgres
+def test_the_one_statement_refuses_a_value_too_long_for_its_column(user):
+    # Below validation (which caps every field first): the statement's VALUES must not cut a
+    # value to its column's length, as an explicit cast to varchar(n) would.
+    from django.db import DataError
+
+    from ctxsum.services.append_claim import append_claim_insert
+
+    conversation = conversation_create(owner=user, messages=[user_message("Hi")])
+    before = row_values(conversation)
+    row = Message(conversation=conversation, seq=0, role="user", content="x", token_count=1)
+    row.name = "n" * 101  # the column is varchar(100)
+    with pytest.raises(DataError, match="too long"):
+        append_claim_insert(pk=conversation.pk, db="default", rows=[row], tokens=1)
+    assert row_values(conversation) == before
+    assert Message.objects.filter(conversation=conversation).count() == 1

@@ -128,7 +128,7 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
         quote = connection.ops.quote_name
         fields = [field for field in insert_fields(Message) if field.name != "seq"]
         names = [f"v{index}" for index in range(len(fields))]
-        casts = [f"CAST(%s AS {field.cast_db_type(connection)})" for field in fields]
+        casts = [f"CAST(%s AS {_values_type(field, connection)})" for field in fields]
         seq = quote(column_name(Message._meta.get_field("seq")))
         pk = quote(column_name(Message._meta.pk))
         columns = ", ".join([*(quote(column_name(field)) for field in fields), seq])
@@ -155,13 +155,21 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
                 f"added.{seq}, c.call_id, c.name FROM claim, added, (VALUES"
             ),
             call=(
-                f"(CAST(%s AS integer), CAST(%s AS {call_id.cast_db_type(connection)}), "
-                f"CAST(%s AS {name.cast_db_type(connection)}))"
+                f"(CAST(%s AS integer), CAST(%s AS {_values_type(call_id, connection)}), "
+                f"CAST(%s AS {_values_type(name, connection)}))"
             ),
             joined=f") AS c (back, call_id, name) WHERE added.{seq} = {next_seq} - c.back)",
             tail=f"SELECT claim.*, ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim",
         )
     return statement
+
+
+def _values_type(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> str:
+    """The type a VALUES column of ``field`` is cast to: the field's, but ``text`` for a
+    ``varchar(n)``, which an explicit cast would cut to n characters where the INSERT into
+    the column refuses a longer value, as a plain INSERT does."""
+    db_type = field.cast_db_type(connection) or "text"
+    return "text" if db_type.startswith("varchar") else db_type
 
 
 def _sql(connection: BaseDatabaseWrapper) -> str:
