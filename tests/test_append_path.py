@@ -107,11 +107,13 @@ def test_mixed_batches_get_gapless_seqs_and_exact_counters(user):
 
 
 @pytest.mark.django_db
-def test_a_first_message_appended_as_system_is_the_leading_one(user):
+@pytest.mark.parametrize("role", ["system", "developer"])
+def test_a_first_message_appended_as_system_is_the_leading_one(user, role):
+    # On PostgreSQL too, where a leading message keeps the append's transaction.
     conversation = conversation_create(owner=user)
     rows = message_append(
         conversation=conversation,
-        messages=[{"role": "system", "content": "Be brief."}, user_message("Hi")],
+        messages=[{"role": role, "content": "Be brief."}, user_message("Hi")],
     ).messages
     assert [(row.seq, row.is_leading) for row in rows] == [(0, True), (1, False)]
     assert_context_invariants(conversation)
@@ -359,17 +361,12 @@ def test_plain_messages_are_one_statement_with_no_transaction(user):
 
 
 @on_postgres
-def test_a_leading_message_and_a_full_batch_on_postgres(user):
-    conversation = conversation_create(owner=user)
-    rows = message_append(
-        conversation=conversation,
-        messages=[{"role": "developer", "content": "Be brief."}, user_message("Hi")],
-    ).messages
-    assert [(row.seq, row.is_leading) for row in rows] == [(0, True), (1, False)]
+def test_a_full_batch_is_one_statement_with_contiguous_seqs(user):
+    conversation = conversation_create(owner=user, messages=[user_message("Hi")])
     batch = [user_message(f"m{number}") for number in range(1000)]  # MAX_BATCH_MESSAGES
     rows = message_append(conversation=conversation, messages=batch).messages
-    assert [row.seq for row in rows] == list(range(2, 1002))
-    stored = Message.objects.filter(conversation=conversation, seq__gte=2).order_by("seq")
+    assert [row.seq for row in rows] == list(range(1, 1001))
+    stored = Message.objects.filter(conversation=conversation, seq__gte=1).order_by("seq")
     assert [(row.pk, row.content) for row in stored] == [(row.pk, row.content) for row in rows]
     assert not any(row.is_leading for row in stored)
     assert_counters_match_rows(conversation)

@@ -81,8 +81,8 @@ def _statement(model: type[Model], connection: BaseDatabaseWrapper) -> _Statemen
     statement = _STATEMENTS.get(key)
     if statement is None:
         meta, quote = model._meta, connection.ops.quote_name
-        assert meta.auto_field is not None
         fields = insert_fields(model)
+        assert meta.auto_field is not None  # insert_fields checked it: for the type checker
         columns = ", ".join(quote(column_name(field)) for field in fields)
         statement = _STATEMENTS[key] = _Statement(
             fields=fields,
