@@ -70,6 +70,8 @@ class Reason(StrEnum):
     SUMMARIZER_ERROR = "summarizer_error"
     SUMMARY_TRUNCATED = "summary_truncated"
     ERROR = "error"
+    # The worker stopped inside the summarizer call (a timeout, a cancellation, an exit).
+    INTERRUPTED = "interrupted"
 
     @classmethod
     def choices(cls) -> list[tuple[str, str]]:
