@@ -297,7 +297,7 @@ def test_a_context_larger_than_the_history_is_counted_and_stops_a_checked_replay
     costs more than the full history, and a checked replay stops at the first."""
     from ctxsum.services import compaction
 
-    monkeypatch.setattr(compaction, "_check_gain", lambda *args: None)
+    monkeypatch.setattr(compaction, "gain_check", lambda *args, **kwargs: None)
     # The summary check would name the missing gain first: let the size check see it.
     monkeypatch.setattr("tests.support.replay.summary_problems", lambda *args, **kwargs: [])
     record = long_chats()[0]
@@ -314,7 +314,7 @@ def test_a_context_larger_than_the_history_is_counted_and_stops_a_checked_replay
 def test_a_summary_without_gain_stops_the_replay(user, verbose, monkeypatch):
     from ctxsum.services import compaction
 
-    monkeypatch.setattr(compaction, "_check_gain", lambda *args: None)
+    monkeypatch.setattr(compaction, "gain_check", lambda *args, **kwargs: None)
     record = long_chats()[0]
     with pytest.raises(ReplayViolation) as caught:
         replay_conversation(record, owner=user)

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
@@ -40,7 +40,7 @@ class _Conflict(WriteNothing):
     """The snapshot no longer matches the database: roll back, write nothing."""
 
 
-class _NoGain(WriteNothing):
+class NoGain(WriteNothing):
     """The summary is not smaller than what it would replace: write nothing."""
 
 
@@ -72,6 +72,11 @@ class _Run:
     archived: list[Message]
     force: bool
     db: str
+    # What the summarizer reads: the summary so far and the archived messages, or, when the
+    # active summary was withheld after a redaction (invariant f), no summary so far and
+    # every archived message from the start, read again with their redactions.
+    so_far: Summary | None = None
+    source: list[Message] = field(default_factory=list)
 
     @property
     def conversation(self) -> Conversation:
@@ -136,7 +141,30 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
     # those pinned.
     first = int(context.leading)
     archived = context.rows[first : first + plan.cutoff - plan.start] if plan.compacts else []
-    return _Run(context=context, plan=plan, policy=policy, archived=archived, force=force, db=db)
+    so_far, source = summary_source(context.summary, archived, db=db) if archived else (None, [])
+    return _Run(
+        context=context,
+        plan=plan,
+        policy=policy,
+        archived=archived,
+        force=force,
+        db=db,
+        so_far=so_far,
+        source=source,
+    )
+
+
+def summary_source(
+    previous: Summary | None, archived: list[Message], *, db: str
+) -> tuple[Summary | None, list[Message]]:
+    """What a compaction's summarizer reads: ``previous`` as the summary so far and the
+    newly ``archived`` messages, unless ``previous`` covers a redacted message (its text was
+    withheld: nothing of it may be carried forward). Then the summary is written anew from
+    every archived message, as they are now, and the new ones."""
+    if previous is None or not previous.covers_redacted:
+        return previous, archived
+    earlier = Message.objects.using(db).filter(conversation_id=previous.conversation_id)
+    return None, [*earlier.archived().order_by("seq"), *archived]
 
 
 def _had_no_gain(run: _Run) -> bool:
@@ -161,7 +189,7 @@ def _compact_leased(run: _Run) -> CompactionResult:
             if token is None:
                 return _skipped(run, Reason.IN_PROGRESS)
             summary, attempt = _summarize_and_commit(run, token)
-    except _NoGain:
+    except NoGain:
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
     except (_Conflict, LeaseLost):
         return _skipped(run, Reason.CONFLICT, archived=run.archived, outcome=Outcome.CONFLICT)
@@ -185,13 +213,13 @@ def _summarize_and_commit(run: _Run, token: str) -> tuple[Summary, CompactionAtt
     # Outside every transaction: the LLM call may take seconds and holds no lock.
     written = summary_write(
         run.conversation,
-        run.context.summary,
-        run.archived,
+        run.so_far,
+        run.source,
         budget=run.plan.summary_budget,
         before_call=partial(lease_renew, run.conversation, token, db=run.db),
     )
-    _check_gain(run, written)
-    checked = summary_coverage(run.context.summary, run.archived, written.text)
+    gain_check(written, replaced_tokens=_replaced(run))
+    checked = summary_coverage(run.so_far, run.source, written.text)
     return _commit(run, written, checked, token)
 
 
@@ -201,9 +229,12 @@ def _replaced(run: _Run) -> int:
     return replaced + (run.context.summary.token_count if run.context.summary else 0)
 
 
-def _check_gain(run: _Run, written: Written) -> None:
-    if written.token_count >= _replaced(run):
-        raise _NoGain
+def gain_check(written: Written, *, replaced_tokens: int) -> None:
+    """The one guard of every summary written: it must be smaller than what it replaces in
+    the context (a compaction: the archived messages and the old summary; a rebuild: every
+    message it stands for). Raises NoGain, which writes nothing."""
+    if written.token_count >= replaced_tokens:
+        raise NoGain
 
 
 def _commit(
@@ -261,6 +292,11 @@ def _lock_snapshot(run: _Run, token: str) -> Conversation:
     locked = lease_lock(run.conversation, token, db=run.db)
     if not active_summary_is(locked, run.context.summary):
         raise _Conflict
+    # Read again from the start: a message among them redacted since must not be committed
+    # in a summary (invariant f). The newly archived ones alone are checked by _archive.
+    earlier = run.source[: -len(run.archived)] if run.so_far is None else []
+    if not redactions_unchanged(locked, earlier):
+        raise _Conflict
     # A result that arrived during the call for a request being archived would be left
     # without it (invariant d). Results arriving after the commit are refused at append.
     call_ids = {call["id"] for row in run.archived for call in row.tool_calls or ()}
@@ -276,9 +312,27 @@ def _lock_snapshot(run: _Run, token: str) -> Conversation:
 
 
 def active_summary_is(locked: Conversation, expected: Summary | None) -> bool:
-    """Whether the active summary is still ``expected`` (None: still none)."""
+    """Whether the active summary is still ``expected`` (None: still none), and no message
+    it covers was redacted since it was read (its text withheld meanwhile)."""
     active = Summary.objects.using(locked._state.db).filter(conversation=locked, active=True)
-    return active.values_list("pk", flat=True).first() == (expected and expected.pk)
+    found = active.values_list("pk", "covers_redacted").first()
+    return found == ((expected.pk, expected.covers_redacted) if expected else None)
+
+
+def redactions_unchanged(locked: Conversation, rows: list[Message]) -> bool:
+    """Whether the messages ``rows`` (seq-ordered, not leading: every such message between
+    the first and the last) are redacted as they were read: none was redacted since. One
+    count; the caller holds the row lock, under which redactions happen."""
+    if not rows:
+        return True
+    now = Message.objects.using(locked._state.db).filter(
+        conversation=locked,
+        seq__gte=rows[0].seq,
+        seq__lte=rows[-1].seq,
+        is_leading=False,
+        redacted_at__isnull=False,
+    )
+    return now.count() == sum(row.redacted_at is not None for row in rows)
 
 
 def summary_insert(
@@ -324,10 +378,17 @@ def summary_insert(
 def _archive(locked: Conversation, summary: Summary, archived: list[Message]) -> None:
     # One UPDATE for the whole range. Under the row lock nobody else can archive, so the
     # range holds exactly the snapshot's messages unless the context changed meanwhile:
-    # then the count differs and everything rolls back.
+    # then the count differs and everything rolls back. A message redacted since the
+    # snapshot is not matched either: the summary was written from its words (invariant f),
+    # and its token count changed.
+    was_redacted = [row.pk for row in archived if row.redacted_at is not None]
+    as_read = Q(redacted_at__isnull=True)
+    if was_redacted:
+        as_read |= Q(pk__in=was_redacted)
     updated = (
         Message.objects.using(locked._state.db)
         .filter(
+            as_read,
             conversation=locked,
             seq__gte=archived[0].seq,
             seq__lte=archived[-1].seq,

@@ -23,11 +23,15 @@ from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, summary_budget
+from ctxsum.selectors import conversation_policy
 from ctxsum.services.compaction import (
     COMMIT_FIELDS,
+    NoGain,
     active_summary_is,
     attempt_record,
     failure_reason,
+    gain_check,
+    redactions_unchanged,
     summary_insert,
 )
 from ctxsum.services.fact_merge import facts_commit, facts_lock
@@ -71,6 +75,9 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
             summary = _rebuild_leased(conversation, previous, token, db=db)
     except LeaseLost:
         return Rebuilt(rebuilt=False, reason=Reason.CONFLICT, replaced=previous)
+    except NoGain:
+        _record_no_gain(conversation, previous, db=db)
+        return Rebuilt(rebuilt=False, reason=Reason.NO_GAIN, replaced=previous)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     return Rebuilt(rebuilt=True, reason=Reason.REBUILT, summary=summary, replaced=previous)
 
@@ -83,27 +90,38 @@ def _rebuild_leased(
         .filter(conversation=conversation, summary__isnull=False)
         .order_by("seq")
     )
-    # No longer than the summary it replaces, so the context does not grow.
-    room = max(previous.token_count - summary_size("", conversation), 1)
-    budget = min(
-        summary_budget(
-            previous_tokens=0,
-            archived_tokens=sum(row.token_count for row in archived),
-            max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
-            goal_tokens=None,
-        ),
-        max(room, MIN_SUMMARY_BUDGET),
-    )
     # Outside every transaction, like a compaction's summarizer call.
     written = summary_write(
         conversation,
         None,
         archived,
-        budget=budget,
+        budget=_budget(conversation, previous, archived),
         before_call=partial(lease_renew, conversation, token, db=db),
     )
+    # The compaction's guard: smaller than the messages it stands for.
+    gain_check(written, replaced_tokens=sum(row.token_count for row in archived))
     checked = summary_coverage(None, archived, written.text)
-    return _commit(conversation, previous, written, checked, token, db=db)
+    return _commit(conversation, previous, written, checked, token, archived=archived, db=db)
+
+
+def _budget(conversation: Conversation, previous: Summary, archived: list[Message]) -> int:
+    """The rebuilt summary's length budget: no longer than the summary it replaces, so the
+    context does not grow; or, for a summary withheld after a redaction (its text is a
+    short notice now), what a summary of the archived messages may take, within the
+    conversation's ceiling."""
+    budget = summary_budget(
+        previous_tokens=0,
+        archived_tokens=sum(row.token_count for row in archived),
+        max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
+        goal_tokens=None,
+    )
+    framing = summary_size("", conversation)
+    room = previous.token_count - framing
+    if previous.covers_redacted:
+        ceiling = conversation_policy(conversation).max_context_tokens
+        others = conversation.context_tokens - previous.token_count
+        room = budget if ceiling is None else ceiling - others - framing
+    return min(budget, max(room, MIN_SUMMARY_BUDGET))
 
 
 def _commit(
@@ -113,6 +131,7 @@ def _commit(
     checked: Coverage,
     token: str,
     *,
+    archived: list[Message],
     db: str,
 ) -> Summary:
     with transaction.atomic(using=db):
@@ -120,8 +139,10 @@ def _commit(
         # facts to merge (fact_merge); else the row's own lock is all it takes.
         shown = facts_lock(conversation, db=db) if written.facts else []
         locked = lease_lock(conversation, token, db=db)
-        if not active_summary_is(locked, previous):
-            raise LeaseLost  # a compaction committed meanwhile: this rebuild is out of date
+        # A compaction committed meanwhile, or a message it read was redacted since
+        # (invariant f): this rebuild is out of date.
+        if not active_summary_is(locked, previous) or not redactions_unchanged(locked, archived):
+            raise LeaseLost
         summary = summary_insert(
             locked,
             previous,
@@ -156,6 +177,17 @@ def _commit(
             to_seq=summary.to_seq,
         )
     return summary
+
+
+def _record_no_gain(conversation: Conversation, previous: Summary, *, db: str) -> None:
+    attempt_record(
+        conversation,
+        db=db,
+        outcome=Outcome.SKIPPED,
+        reason=Reason.NO_GAIN,
+        from_seq=previous.from_seq,
+        to_seq=previous.to_seq,
+    )
 
 
 def _failed(conversation: Conversation, previous: Summary, error: Exception, *, db: str) -> None:

@@ -2,26 +2,43 @@
 
 The content becomes the redaction marker, a tool call keeps its id and name but loses its
 arguments, the provider extras are dropped; ``seq`` stays, tokens and counters are
-recounted, and every summary covering the message is marked stale, so a rebuild
-(services/rebuild.py) writes a summary that no longer holds the redacted text. What the key
-facts hold of the message goes too (services/fact_merge.py): the model's facts taken from
-it, their values before in the record a revert restores from, the proposals of the versions
-covering it.
+recounted. Every summary version covering the message (summaries are cumulative: the ones
+written from a version that covered it cover it too) is withheld in the same transaction:
+its text becomes a short notice, it is marked ``covers_redacted`` (stale), and, when it is
+the active one, the context shows the notice at once, smaller than the summary was. A
+rebuild from the redacted originals is enqueued when the redaction commits
+(services/rebuild.py); a compaction or rebuild that read the message before it was redacted
+cannot commit (invariant f, docs/architecture.md). What the key facts hold of the message
+goes too (services/fact_merge.py): the model's facts taken from it, their values before in
+the record a revert restores from, the proposals of the versions covering it.
 """
 
 from __future__ import annotations
 
+import logging
+from functools import partial
 from typing import Any
 
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from ctxsum import tokens
+from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, Message, Summary
+from ctxsum.services.autocompact import SYNC, compaction_enqueuer
 from ctxsum.services.fact_merge import facts_cite, facts_forget, facts_lock
+from ctxsum.services.rebuild import conversation_rebuild
+from ctxsum.services.summaries import summary_size
 from ctxsum.services.transactions import write_db
 
+logger = logging.getLogger("ctxsum.compaction")
+
 REDACTED = "[redacted]"
+# The text of a summary version that covered a redacted message; the shorter ones stand in
+# for a summary that was shorter than the notice, so the context never grows.
+WITHHELD = "[Withheld after a redaction; being rewritten.]"
+WITHHELD_SHORTER = ("[withheld]", "…")
 
 
 def redacted(message: Message) -> dict[str, Any]:
@@ -91,8 +108,48 @@ def _redact(locked: Conversation, message: Message) -> None:
     if message.summary_id is None and message.replaced_at is None:
         locked.active_tokens += message.token_count - before  # it is in the context
     locked.revision += 1
-    locked.save(update_fields=["active_tokens", "revision", "updated_at"])
     covering = Summary.objects.using(locked._state.db).filter(
         conversation=locked, from_seq__lte=message.seq, to_seq__gte=message.seq
     )
-    covering.update(covers_redacted=True)
+    locked.active_tokens += _withhold(locked, covering)
+    locked.save(update_fields=["active_tokens", "revision", "updated_at"])
+
+
+def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:
+    """Withhold the text of every version in ``covering``: the notice in its place (a
+    shorter one if a version's summary message was shorter, so the context never grows),
+    its coverage check and skipped facts' reasons gone (they quote the messages). Returns
+    how many tokens the active summary's message changed."""
+    versions = list(covering.values_list("pk", "active", "token_count"))
+    if not versions:
+        return 0
+    shortest = min(count for _pk, _active, count in versions)
+    for notice in (WITHHELD, *WITHHELD_SHORTER):
+        size = summary_size(notice, locked)
+        if size <= shortest:
+            break
+    covering.update(
+        text=notice, token_count=size, coverage_facts=None, facts_skipped="", covers_redacted=True
+    )
+    change = [size - count for _pk, active, count in versions if active]
+    if change:
+        db = write_db(locked)
+        transaction.on_commit(partial(_rebuild_soon, str(locked.pk), db), using=db)
+    return sum(change)
+
+
+def _rebuild_soon(conversation_id: str, db: str) -> None:
+    """After the commit, with AUTO_COMPACT: the withheld summary is written anew by the
+    compaction task, which rebuilds a withheld summary (services/autocompact.py), or right
+    here with the ``sync`` runner. Never raises: the redaction stands, and the summary stays
+    withheld (stale, so ``ctxsum_rebuild --stale`` finds it) until a rebuild succeeds."""
+    if not ctxsum_settings.AUTO_COMPACT:
+        return
+    try:
+        if ctxsum_settings.COMPACTION_RUNNER == SYNC:
+            conversation = Conversation.objects.using(db).get(pk=conversation_id)
+            conversation_rebuild(conversation=conversation)
+        else:
+            compaction_enqueuer()(conversation_id, db)
+    except Exception:
+        logger.exception("Could not rebuild conversation %s's withheld summary.", conversation_id)

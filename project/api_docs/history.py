@@ -9,6 +9,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.test import override_settings
 
+from ctxsum.services.redaction import WITHHELD
 from project.api_docs import samples
 from project.api_docs.document import SUMMARY_IN_SHORT, Document, expect
 
@@ -139,18 +140,22 @@ def erasure(document: Document) -> None:
     document.request("POST", f"{MESSAGES}{seq}/redact/")
     document.text(
         """
-        Every summary covering it is now stale, as are summaries written under another
-        prompt (`PROMPT_VERSION` or `PROMPT` changed since):
+        Every summary version covering it is withheld in the same transaction: its text
+        becomes a short notice, which the context shows from then on, and it is stale (so
+        are summaries written under another prompt: `PROMPT_VERSION` or `PROMPT` changed
+        since). With `AUTO_COMPACT`, the redaction enqueues a rebuild:
         """
     )
     summaries = "/conversations/$CONV/summaries/"
-    listed = document.request("GET", f"{summaries}?page_size=1", hide={"text", "prompt_sha256"})
-    expect(listed.data["results"][0]["stale"], "a summary covering a redacted message is stale")
+    listed = document.request("GET", f"{summaries}?page_size=1", hide={"prompt_sha256"})
+    withheld = listed.data["results"][0]
+    expect(withheld["stale"], "a summary covering a redacted message is stale")
+    expect(withheld["text"] == WITHHELD, "a summary covering a redacted message is withheld")
     document.text(
         """
-        A rebuild writes the active summary anew from the archived originals under the
-        current prompt; the new version covers the same messages, and the one it replaces
-        stays, marked superseded:
+        A rebuild writes the active summary anew from the archived originals, as redacted,
+        under the current prompt; the new version covers the same messages, and the one it
+        replaces stays, marked superseded:
         """
     )
     rebuilt = document.request("POST", f"{summaries}rebuild/", hide={"context", "summary.text"})

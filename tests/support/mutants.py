@@ -321,8 +321,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "no-gain-when-equal-commits",
         COMPACTION,
-        "if written.token_count >= _replaced(run):",
-        "if written.token_count > _replaced(run):",
+        "if written.token_count >= replaced_tokens:",
+        "if written.token_count > replaced_tokens:",
         COMPACTION_TESTS,
     ),
     Mutant(
