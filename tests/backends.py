@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ctxsum.fact_parse import ProposedFact
+from ctxsum.summarizers.offline import OfflineSummarizer
 from ctxsum.summarizers.base import Summarizer, SummaryAnswer
 
 
@@ -63,3 +64,18 @@ class FactsHookSummarizer(Summarizer):
         if hook is not None:
             hook()
         return SummaryAnswer(summary=type(self).reply, facts=type(self).facts)
+
+
+class OfflineHookSummarizer(OfflineSummarizer):
+    """The offline summarizer (extractive: it keeps ids, names, card numbers) running
+    ``during`` inside its call; ``histories`` records what every call read."""
+
+    during: Callable[[], None] | None = None
+    histories: list[str] = []
+
+    def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        type(self).histories.append(history)
+        hook, type(self).during = type(self).during, None
+        if hook is not None:
+            hook()
+        return super().answer(prompt=prompt, history=history, model=model, budget=budget)

@@ -1,0 +1,271 @@
+"""Erasure as an invariant (docs/architecture.md, invariant f): from the moment a redaction
+commits, no context read, no current summary, no fact and no summarizer input holds the
+redacted text, whatever compaction or rebuild was in flight.
+
+The races are played inside the summarizer's call, the moment another worker could act in
+production (no lock is held then): the offline summarizer, which copies card numbers into
+its summaries, runs a redaction before it answers. That is deterministic on every database;
+tests/test_erasure_races.py plays the same races with threads on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from ctxsum.models import CompactionAttempt, Conversation, Fact, FactChange, Message, Summary
+from ctxsum.policy import Reason
+from ctxsum.selectors import context_get, current_prompt
+from ctxsum.services import (
+    conversation_compact,
+    conversation_create,
+    conversation_rebuild,
+    message_append,
+    message_redact,
+)
+from ctxsum.services.redaction import WITHHELD
+from tests.backends import OfflineHookSummarizer
+from tests.factories import CARD, booked_conversation, booking_history, turns
+from tests.invariants import assert_context_invariants
+from tests.support.urls import api_url
+
+pytestmark = pytest.mark.django_db
+DIGITS = "4111-1111-1111-1111"  # the card number of message 4 (after the system prompt)
+CARD_SEQ = 4
+
+
+@pytest.fixture
+def hooked(settings):
+    settings.CTXSUM = {"SUMMARIZER": "tests.backends.OfflineHookSummarizer"}
+    OfflineHookSummarizer.during = None
+    OfflineHookSummarizer.histories = []
+    yield OfflineHookSummarizer
+    OfflineHookSummarizer.during = None
+
+
+def redact_card(conversation: Conversation) -> None:
+    message_redact(conversation=Conversation.objects.get(pk=conversation.pk), seq=CARD_SEQ)
+
+
+def fresh(conversation: Conversation) -> Conversation:
+    return Conversation.objects.get(pk=conversation.pk)
+
+
+def assert_erased(conversation: Conversation, secret: str = DIGITS) -> None:
+    """The secret is in no context, current summary or fact; the invariants hold."""
+    conversation = fresh(conversation)
+    assert secret not in json.dumps(context_get(conversation=conversation).messages)
+    current = Summary.objects.filter(conversation=conversation, active=True).exclude(
+        pk__in=Summary.objects.stale(**current_prompt())
+    )
+    assert not current.filter(text__contains=secret).exists()
+    assert not Summary.objects.filter(conversation=conversation, text__contains=secret).exists()
+    assert not Fact.objects.filter(value__contains=secret).exists()
+    assert not FactChange.objects.filter(old_value__contains=secret).exists()
+    assert_context_invariants(conversation)
+
+
+def booked_and_grown(user: Any) -> Conversation:
+    """The booking compacted once (v1 holds the card), then four more messages."""
+    conversation = booked_conversation(user)
+    assert DIGITS in Summary.objects.get(conversation=conversation, active=True).text
+    message_append(conversation=conversation, messages=turns(4, "more {i}"))
+    return fresh(conversation)
+
+
+def test_redacting_a_summarized_message_withholds_every_version_at_once(user, hooked):
+    conversation = booked_and_grown(user)
+    before = context_get(conversation=conversation).token_count
+
+    redact_card(conversation)
+
+    summary = Summary.objects.get(conversation=conversation, active=True)
+    assert (summary.text, summary.covers_redacted, summary.coverage_facts) == (WITHHELD, True, None)
+    assert summary in Summary.objects.stale(**current_prompt())
+    context = context_get(conversation=conversation)
+    assert context.messages[1]["content"].endswith(WITHHELD)
+    assert context.token_count < before  # the notice is shorter than the summary was
+    assert_erased(conversation)
+
+
+def test_the_next_compaction_does_not_carry_a_withheld_summary_forward(user, hooked):
+    conversation = booked_and_grown(user)
+    redact_card(conversation)
+    hooked.histories = []
+
+    result = conversation_compact(conversation=fresh(conversation), force=True)
+
+    assert result.compacted
+    summary = result.summary
+    assert summary is not None and not summary.covers_redacted
+    assert summary.from_seq <= CARD_SEQ <= summary.to_seq
+    assert summary not in Summary.objects.stale(**current_prompt())
+    # Written anew from every archived message as redacted, not from the notice.
+    (history,) = hooked.histories
+    assert "<summary-so-far>" not in history and "[redacted]" in history
+    assert "Ana" in history and DIGITS not in history
+    assert_erased(conversation)
+
+
+def test_a_redaction_during_the_compaction_call_makes_it_a_conflict(user, hooked):
+    conversation = conversation_create(
+        owner=user, system="You book flights.", messages=booking_history(), keep={"messages": 2}
+    )
+    hooked.during = lambda: redact_card(conversation)
+
+    result = conversation_compact(conversation=fresh(conversation), force=True)
+
+    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
+    assert not Summary.objects.filter(conversation=conversation).exists()
+    assert Message.objects.get(conversation=conversation, seq=CARD_SEQ).summary_id is None
+    assert_erased(conversation)
+    # The next compaction reads the redacted message.
+    again = conversation_compact(conversation=fresh(conversation), force=True)
+    assert again.compacted and DIGITS not in again.summary.text
+    assert_erased(conversation)
+
+
+def test_a_redaction_of_what_the_old_summary_covers_during_the_call_is_a_conflict(user, hooked):
+    conversation = booked_and_grown(user)
+    hooked.during = lambda: redact_card(conversation)
+
+    result = conversation_compact(conversation=fresh(conversation), force=True)
+
+    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
+    assert list(
+        Summary.objects.filter(conversation=conversation).values_list("version", "text")
+    ) == [(1, WITHHELD)]
+    assert_erased(conversation)
+
+
+def test_a_second_redaction_during_a_compaction_from_the_archive_is_a_conflict(user, hooked):
+    conversation = booked_and_grown(user)
+    redact_card(conversation)
+    name_seq = 1  # "Book AI-101 for Ana.", archived under the withheld v1
+    hooked.during = lambda: message_redact(conversation=fresh(conversation), seq=name_seq)
+
+    result = conversation_compact(conversation=fresh(conversation), force=True)
+
+    assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
+    assert_erased(conversation, secret="Book AI-101 for Ana")
+    again = conversation_compact(conversation=fresh(conversation), force=True)
+    assert again.compacted and "Book AI-101 for Ana" not in again.summary.text
+    assert_erased(conversation)
+
+
+def test_a_redaction_during_a_rebuild_makes_it_a_conflict(user, hooked, settings):
+    conversation = booked_conversation(user)
+    settings.CTXSUM = {**settings.CTXSUM, "PROMPT_VERSION": "2"}
+    hooked.during = lambda: redact_card(conversation)
+
+    result = conversation_rebuild(conversation=fresh(conversation))
+
+    assert (result.rebuilt, result.reason) == (False, Reason.CONFLICT)
+    assert fresh(conversation).lease_owner == ""
+    assert_erased(conversation)
+    rebuilt = conversation_rebuild(conversation=fresh(conversation))
+    assert rebuilt.rebuilt and DIGITS not in rebuilt.summary.text
+    assert not rebuilt.summary.covers_redacted
+    assert_erased(conversation)
+
+
+def test_a_rebuild_of_a_withheld_summary_gets_a_summary_sized_budget(user, hooked):
+    conversation = booked_conversation(user)
+    redact_card(conversation)
+
+    rebuilt = conversation_rebuild(conversation=fresh(conversation))
+
+    assert rebuilt.rebuilt
+    assert "Ana" in rebuilt.summary.text and "AI-101" in rebuilt.summary.text
+    assert rebuilt.summary.token_count > rebuilt.replaced.token_count
+    assert_erased(conversation)
+
+
+def test_a_large_message_redacted_during_the_call_leaves_exact_counters(user, hooked, api):
+    big = " ".join(f"{DIGITS} is card {index}." for index in range(300))
+    conversation = conversation_create(
+        owner=user,
+        system="You book flights.",
+        messages=[*booking_history()[:3], {"role": "assistant", "content": big}, *turns(4)],
+        keep={"messages": 2},
+    )
+    assert Message.objects.get(conversation=conversation, seq=CARD_SEQ).token_count > 3000
+    hooked.during = lambda: redact_card(conversation)
+
+    response = api.post(api_url("compact", conversation), {"force": True}, format="json")
+
+    assert response.status_code == 200, response.content
+    assert response.json()["reason"] == "conflict"
+    row = fresh(conversation)
+    assert row.active_tokens > 0
+    assert_erased(conversation)  # the counters equal the row sums
+
+
+def test_the_rebuild_shares_the_compactions_no_gain_guard(user, hooked, settings):
+    conversation = booked_conversation(user)
+    archived = Message.objects.filter(conversation=conversation).archived()
+    stands_for = sum(archived.values_list("token_count", flat=True))
+    settings.CTXSUM = {
+        "SUMMARIZER": "tests.backends.ReplySummarizer",
+        "PROMPT_VERSION": "2",
+    }
+    from tests.backends import ReplySummarizer
+
+    ReplySummarizer.reply = " ".join(["word"] * (stands_for + 50))
+    active = Summary.objects.get(conversation=conversation, active=True)
+
+    result = conversation_rebuild(conversation=fresh(conversation))
+
+    assert (result.rebuilt, result.reason) == (False, Reason.NO_GAIN)
+    assert Summary.objects.get(conversation=conversation, active=True) == active
+    attempt = CompactionAttempt.objects.filter(conversation=conversation).latest("pk")
+    assert (attempt.outcome, attempt.reason) == ("skipped", "no_gain")
+    assert fresh(conversation).lease_owner == ""
+    ReplySummarizer.reply = "A summary."
+
+
+def test_the_withheld_notice_never_grows_the_context(user, settings):
+    settings.CTXSUM = {"SUMMARIZER": "tests.backends.ReplySummarizer"}
+    from tests.backends import ReplySummarizer
+
+    ReplySummarizer.reply = "Ok."
+    conversation = conversation_create(
+        owner=user, system="You book flights.", messages=booking_history(), keep={"messages": 2}
+    )
+    assert conversation_compact(conversation=conversation, force=True).compacted
+    before = context_get(conversation=fresh(conversation)).token_count
+
+    redact_card(conversation)
+
+    summary = Summary.objects.get(conversation=conversation, active=True)
+    assert summary.text != "Ok." and summary.covers_redacted
+    assert context_get(conversation=fresh(conversation)).token_count <= before
+    assert_context_invariants(fresh(conversation))
+
+
+def test_with_the_sync_runner_the_redaction_rebuilds_after_its_commit(
+    user, hooked, settings, django_capture_on_commit_callbacks
+):
+    conversation = booked_conversation(user)
+    settings.CTXSUM = {**settings.CTXSUM, "COMPACTION_RUNNER": "sync"}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        redact_card(conversation)
+
+    summary = Summary.objects.get(conversation=conversation, active=True)
+    assert (summary.origin, summary.covers_redacted, summary.version) == ("rebuild", False, 2)
+    assert "Ana" in summary.text
+    assert_erased(conversation)
+
+
+def test_the_card_is_in_the_facts_before_and_nowhere_after(user, hooked):
+    conversation = booked_conversation(user)
+    assert any(CARD.split()[-1] in fact.value for fact in Fact.objects.all()) or DIGITS in (
+        Summary.objects.get(conversation=conversation).text
+    )
+
+    redact_card(conversation)
+
+    assert_erased(conversation)
