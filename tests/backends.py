@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ctxsum.fact_parse import ProposedFact
-from ctxsum.summarizers.offline import OfflineSummarizer
 from ctxsum.summarizers.base import Summarizer, SummaryAnswer
+from ctxsum.summarizers.offline import OfflineSummarizer
 
 
 class HookSummarizer(Summarizer):

@@ -34,19 +34,28 @@ conversation, its rows and its summaries, and asserts (with messages that say wh
     with from_seq <= to_seq; the counters (active_message_count, active_tokens with the
     active summary and the facts block, facts_tokens, message_count, next_seq) equal the
     sums over the rows.
+(f) erasure: a summary version whose range holds a message redacted after the version was
+    written is withheld (``covers_redacted``, its text a withheld notice, no coverage
+    check); with ``original_messages``, a redacted message's transcript row is its redacted
+    form, and its original text (when it is distinctive: 16 characters or more and part of
+    no other message) is nowhere in the context, any summary, or the facts and their
+    history that the conversation wrote or shows.
 
 A plain function so any test can call it after any step; it reads, never writes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Q
+
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import Conversation, Fact, Message, Summary
+from ctxsum.models import Conversation, Fact, FactChange, Message, Summary
 from ctxsum.policy import LEADING_ROLES
 from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
 from ctxsum.services.fact_block import (
@@ -57,8 +66,10 @@ from ctxsum.services.fact_block import (
     facts_chosen,
     facts_visible,
 )
+from ctxsum.services.redaction import WITHHELD, WITHHELD_SHORTER, redacted
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+WITHHELD_TEXTS = (WITHHELD, *WITHHELD_SHORTER)
 
 
 @dataclass
@@ -95,10 +106,12 @@ def assert_context_invariants(
     _check_summaries(state)
     _check_archived_ranges(state)
     _check_context_shape(state)
-    if original_messages is not None:
-        _check_originals(state, [dict(message) for message in original_messages])
+    originals = None if original_messages is None else [dict(m) for m in original_messages]
+    if originals is not None:
+        _check_originals(state, originals)
     _check_tool_results(state)
     _check_counters(state)
+    _check_erasure(state, originals)
 
 
 def _load(conversation: Conversation) -> _State:
@@ -338,6 +351,7 @@ def _check_originals(state: _State, originals: list[dict[str, Any]]) -> None:
     assert len(state.rows) == len(originals), (
         f"{label}: {len(state.rows)} messages stored, {len(originals)} appended"
     )
+    originals = [_as_stored(row, sent) for row, sent in zip(state.rows, originals, strict=True)]
     for row, sent in zip(state.rows, originals, strict=True):
         stored = row.as_openai()
         assert stored == sent, f"{label}: seq {row.seq} stored as {stored!r}, sent {sent!r}"
@@ -392,3 +406,75 @@ def _check_counters(state: _State) -> None:
     assert by_query == len(in_context), (
         f"{label}: {by_query} rows are active by query, {len(in_context)} by inspection"
     )
+
+
+def _as_stored(row: Message, sent: dict[str, Any]) -> dict[str, Any]:
+    """What ``sent`` is stored as: itself, or its redacted form once ``row`` was redacted."""
+    if row.redacted_at is None:
+        return sent
+    erased = redacted(Message(content=sent.get("content"), tool_calls=sent.get("tool_calls")))
+    # The provider extras are dropped; the content and the calls' arguments erased.
+    form = {key: sent[key] for key in _OPENAI_KEYS if key in sent}
+    form["content"] = erased["content"]
+    if erased["tool_calls"]:
+        form["tool_calls"] = erased["tool_calls"]
+    return form
+
+
+_OPENAI_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
+
+
+def _check_erasure(state: _State, originals: list[dict[str, Any]] | None) -> None:
+    """(f) Every version written before a redaction it covers is withheld; with the
+    originals, a distinctive redacted text is nowhere current or derived."""
+    label = state.label
+    for row in state.rows:
+        if row.redacted_at is None:
+            continue
+        for summary in state.summaries:
+            if summary.from_seq <= row.seq <= summary.to_seq and (
+                summary.created_at < row.redacted_at
+            ):
+                name = f"{label}: v{summary.version}, written before seq {row.seq}'s redaction,"
+                assert summary.covers_redacted, f"{name} is not marked covers_redacted"
+                assert summary.text in WITHHELD_TEXTS, f"{name} still has its text"
+    if originals is None:
+        return
+    secrets = _redacted_texts(state, originals)
+    if not secrets:
+        return
+    derived = [json.dumps(state.context.messages, ensure_ascii=False)]
+    derived += [summary.text for summary in state.summaries]
+    derived += _fact_texts(state.conversation)
+    for seq, secret in secrets:
+        for text in derived:
+            assert secret not in text, (
+                f"{label}: seq {seq}'s redacted text survives: {text[:200]!r}"
+            )
+
+
+def _redacted_texts(state: _State, originals: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """The redacted messages' original texts that no other message holds."""
+    texts = [
+        sent.get("content") if isinstance(sent.get("content"), str) else "" for sent in originals
+    ]
+    erased = {row.seq for row in state.rows if row.redacted_at is not None}
+    kept = [text for seq, text in enumerate(texts) if seq not in erased]
+    return [
+        (seq, texts[seq])
+        for seq in sorted(erased)
+        if len(texts[seq]) >= 16 and not any(texts[seq] in other for other in kept)
+    ]
+
+
+def _fact_texts(conversation: Conversation) -> list[str]:
+    shown = facts_visible(conversation).values("pk")
+    facts = Fact.objects.filter(
+        Q(conversation=conversation) | Q(source_conversation=conversation) | Q(pk__in=shown)
+    )
+    texts = [text for pair in facts.values_list("value", "proposed_value") for text in pair]
+    changes = FactChange.objects.filter(fact__in=facts)
+    texts += [
+        text for pair in changes.values_list("old_value", "old_proposed_value") for text in pair
+    ]
+    return [text for text in texts if text]
