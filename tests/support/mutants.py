@@ -100,7 +100,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if kept is not None and limit is not None and kept > limit:",
         POLICY_TESTS,
     ),
-    Mutant("pinned-max-one", POLICY, "PINNED_MAX = 2", "PINNED_MAX = 1", POLICY_TESTS),
+    Mutant("pinned-max-without-facts", POLICY, "PINNED_MAX = 3", "PINNED_MAX = 2", POLICY_TESTS),
     Mutant(
         "retention-keeps-one-fewer",
         POLICY,
