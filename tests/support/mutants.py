@@ -44,12 +44,16 @@ POLICY = "ctxsum/policy.py"
 VALIDATION = "ctxsum/validation.py"
 COMPACTION = "ctxsum/services/compaction.py"
 LEASES = "ctxsum/services/leases.py"
+REDACTION = "ctxsum/services/redaction.py"
+FACT_BLOCK = "ctxsum/services/fact_block.py"
 
 POLICY_TESTS = ("tests/test_policy.py",)
 VALIDATION_TESTS = ("tests/test_validation.py",)
 COMPACTION_TESTS = ("tests/test_compaction.py", "tests/test_compaction_api.py")
 RACE_TESTS = ("tests/test_races.py",)
 LEASE_TESTS = ("tests/test_compaction_concurrency.py",)
+PINNED_TESTS = ("tests/test_pinned.py",)
+BOUNDARY_TESTS = ("tests/test_boundaries.py",)
 
 PYTEST_OPTIONS = ("-x", "-q", "-p", "no:cacheprovider")
 # A mutant that makes a loop endless is killed by the clock.
@@ -290,6 +294,13 @@ MUTANTS: tuple[Mutant, ...] = (
         COMPACTION_TESTS,
     ),
     Mutant(
+        "archive-includes-leading",
+        COMPACTION,
+        "            is_leading=False,\n",
+        "",
+        PINNED_TESTS,
+    ),
+    Mutant(
         "archive-count-only-more",
         COMPACTION,
         "if updated != len(archived):",
@@ -396,6 +407,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "rows = Conversation.objects.using(db)",
         RACE_TESTS,
         postgres=True,
+    ),
+    # --- redaction and the facts block: inclusive edges ----------------------------------
+    Mutant(
+        "redaction-skips-to-seq",
+        REDACTION,
+        "to_seq__gte=message.seq",
+        "to_seq__gt=message.seq",
+        BOUNDARY_TESTS,
+    ),
+    Mutant(
+        "facts-budget-exclusive",
+        FACT_BLOCK,
+        "if used + fact.token_count <= limit:",
+        "if used + fact.token_count < limit:",
+        BOUNDARY_TESTS,
     ),
 )
 
