@@ -1,5 +1,6 @@
-"""Hand-made mutants of the compaction service, the policy and the validation rules, and a
-runner that applies them one at a time and runs the tests that should notice.
+"""Hand-made mutants of the compaction service, the policy, the validation rules, the
+redaction and the facts block, and a runner that applies them one at a time and runs the
+tests that should notice.
 
     python -m tests.support.mutants [--list] [--only NAME]... [--output results.json]
 
