@@ -50,8 +50,9 @@ def _policy_errors() -> list[CheckMessage]:
                 Error(
                     f"CTXSUM['KEEP'] contradicts CTXSUM['TRIGGER']: {error}",
                     hint="Keep must be strictly below the trigger in the same unit, and a "
-                    "message trigger above keep plus the system message and the summary, or "
-                    "every compaction would leave the context at its trigger.",
+                    "message trigger above keep plus the system message, the summary and the "
+                    "key facts block, or every compaction would leave the context at its "
+                    "trigger.",
                     id="ctxsum.E004",
                 )
             )

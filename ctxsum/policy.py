@@ -40,13 +40,13 @@ KEEP_NOT_BELOW_TRIGGER = _(
     "compaction would have nothing to summarize."
 )
 KEEP_LEAVES_NO_ROOM = _(
-    "keep.messages ({keep}) plus the pinned system message and summary reaches "
-    "trigger.messages ({trigger}): every compacted context would still reach the trigger. "
-    "Keep at most {most} messages."
+    "keep.messages ({keep}) plus the pinned system message, summary and key facts block "
+    "reaches trigger.messages ({trigger}): every compacted context would still reach the "
+    "trigger. Keep at most {most} messages."
 )
-# What a compacted context holds besides the kept tail: the leading system message and the
-# summary.
-PINNED_MAX = 2
+# What a compacted context can hold besides the kept tail: the leading system message, the
+# summary and the key facts block (history_start's three pinned messages).
+PINNED_MAX = 3
 # The largest max_context_tokens a conversation can store (its column's range everywhere).
 MAX_CONTEXT_TOKENS_LIMIT = 2**31 - 1
 # The smallest summary length a compaction asks for, in tokens.

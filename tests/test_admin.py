@@ -396,7 +396,7 @@ def test_the_form_saves_through_the_service(admin_client, conversation):
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"trigger": '{"messages": 3}'}, "keep"),  # keep 2 + 2 pinned leaves no room
+        ({"trigger": '{"messages": 3}'}, "keep"),  # keep 2 + 3 pinned leaves no room
         ({"keep": '{"messages": 2, "tokens": 5}'}, "keep"),
         ({"trigger": '{"minutes": 5}'}, "trigger"),
         ({"trigger": "[1, 2]"}, "trigger"),

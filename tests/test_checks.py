@@ -82,9 +82,11 @@ def test_keep_not_below_trigger(trigger, keep) -> None:
     assert ctxsum_ids(TRIGGER=trigger, KEEP=keep) == ["ctxsum.E004"]
 
 
-@pytest.mark.parametrize(("trigger", "keep", "ids"), [(5, 3, ["ctxsum.E004"]), (5, 2, [])])
+@pytest.mark.parametrize(
+    ("trigger", "keep", "ids"), [(5, 2, ["ctxsum.E004"]), (6, 2, []), (5, 1, [])]
+)
 def test_kept_tail_that_always_reaches_the_trigger_is_an_error(trigger, keep, ids) -> None:
-    # System message + summary + kept tail: 1 + 1 + 3 = 5 reaches a trigger of 5.
+    # System message + summary + facts block + kept tail: 1 + 1 + 1 + 2 = 5 reaches 5.
     assert ctxsum_ids(TRIGGER={"messages": trigger}, KEEP={"messages": keep}) == ids
 
 

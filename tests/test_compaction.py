@@ -72,7 +72,7 @@ def hook_summarizer(settings):
     return HookSummarizer
 
 
-TRAVEL_POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
+TRAVEL_POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_travel_example_keeps_system_summary_and_last_two(travel):
 
 def test_below_trigger_changes_nothing_and_records_nothing(user):
     conversation = services.conversation_create(
-        owner=user, trigger={"messages": 5}, keep={"messages": 2}, messages=TRAVEL[:4]
+        owner=user, trigger={"messages": 6}, keep={"messages": 2}, messages=TRAVEL
     )
     before = _snapshot(conversation)
 
@@ -125,7 +125,7 @@ def test_second_compaction_is_incremental(travel, hook_summarizer):
         conversation=travel,
         messages=[assistant_message("The 7:05 flight, AI-865."), user_message("Book it.")],
     )
-    # 1 system + 1 summary + 4 messages reach the trigger of 5 again.
+    # 1 system + 1 summary + 4 messages reach the trigger of 6 again.
     second = conversation_compact(conversation=travel)
 
     assert second.compacted
@@ -320,12 +320,12 @@ def test_a_result_for_a_request_being_archived_is_a_conflict(user, hook_summariz
     request = assistant_calls("call_x", name="f")
     conversation = services.conversation_create(
         owner=user,
-        trigger={"messages": 5},
+        trigger={"messages": 6},
         keep={"messages": 2},
         messages=[
             user_message("Look it up, then tell me. " * 5),
             request,
-            *[user_message(f"Still waiting ({n}).") for n in range(3)],
+            *[user_message(f"Still waiting ({n}).") for n in range(4)],
         ],
     )
     late = tool_result("call_x", "Found it.")
@@ -338,7 +338,7 @@ def test_a_result_for_a_request_being_archived_is_a_conflict(user, hook_summariz
     result = conversation_compact(conversation=conversation)
 
     assert (result.compacted, result.reason) == (False, Reason.CONFLICT)
-    assert [row.seq for row in result.archived] == [0, 1, 2]
+    assert [row.seq for row in result.archived] == [0, 1, 2, 3]
     assert not Summary.objects.filter(conversation=conversation).exists()
     # The next compaction sees the result and keeps it with its request.
     again = conversation_compact(conversation=conversation)
@@ -448,10 +448,9 @@ def test_message_append_from_python_auto_compacts(travel_policy_user, settings):
         services.message_append(conversation=conversation, messages=[message]) for message in TRAVEL
     ]
 
-    # With the system message, the fourth append reaches the trigger, but a summary of two
-    # short turns is no gain; the fifth grows the range and compacts.
+    # With the system message, the fifth append reaches the trigger and compacts.
     reasons = [a.compaction.reason for a in appended]
-    assert reasons == ["below_trigger"] * 3 + ["no_gain", "compacted"]
+    assert reasons == ["below_trigger"] * 4 + ["compacted"]
     assert appended[-1].compaction.summary_version == 1
     assert appended[-1].messages[0].seq == 5
     assert Summary.objects.get(conversation=conversation).to_seq == 3
@@ -558,7 +557,7 @@ def test_compaction_queries_do_not_grow_with_the_archived_range(
     user, size, django_assert_num_queries
 ):
     conversation = services.conversation_create(
-        owner=user, system="Sys", trigger={"messages": 5}, keep={"messages": 2}
+        owner=user, system="Sys", trigger={"messages": 6}, keep={"messages": 2}
     )
     batch = [user_message(f"message {index}") for index in range(size)]
     services.message_append(conversation=conversation, messages=batch)

@@ -187,7 +187,7 @@ def test_compact_rejects_unknown_fields(api, conversation, openai_summarizer):
 @pytest.mark.django_db(transaction=True)
 def test_auto_compaction_after_append(api, user, openai_summarizer, settings):
     settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
-    pk = create(api, policy={"trigger": {"messages": 5}, "keep": {"messages": 2}})
+    pk = create(api, policy={"trigger": {"messages": 5}, "keep": {"messages": 1}})
     url = api_url("message-list", pk)
     replies = []
     for text in ["one", "two", "three", "four", "five"]:
@@ -211,15 +211,16 @@ def test_failed_auto_compaction_never_undoes_the_append(api, user, openai_summar
             long_user_message("a"),
             assistant_message(f"b: {FILLER}"),
             long_user_message("c"),
+            assistant_message(f"d: {FILLER}"),
         ],
-        policy={"trigger": {"messages": 4}, "keep": {"messages": 1}},
+        policy={"trigger": {"messages": 5}, "keep": {"messages": 1}},
     )
 
-    response = api.post(api_url("message-list", pk), user_message("d"), format="json")
+    response = api.post(api_url("message-list", pk), user_message("e"), format="json")
 
     assert response.status_code == 201
     assert response.json()["compaction"]["reason"] == "summarizer_error"
-    assert Message.objects.filter(conversation_id=pk, seq=3).active().exists()
+    assert Message.objects.filter(conversation_id=pk, seq=4).active().exists()
     assert not Summary.objects.filter(conversation_id=pk).exists()
 
 
@@ -340,8 +341,8 @@ def test_a_crashing_auto_compaction_is_reported_and_logged_never_a_500(api, user
         "AUTO_COMPACT": True,
         "COMPACTION_RUNNER": "sync",
     }
-    pk = create(api, policy={"trigger": {"messages": 4}, "keep": {"messages": 1}})
-    batch = {"messages": [long_user_message(str(n)) for n in range(4)]}
+    pk = create(api, policy={"trigger": {"messages": 5}, "keep": {"messages": 1}})
+    batch = {"messages": [long_user_message(str(n)) for n in range(5)]}
 
     with caplog.at_level("ERROR", logger="ctxsum"):
         response = api.post(api_url("message-list", pk), batch, format="json")
@@ -354,7 +355,7 @@ def test_a_crashing_auto_compaction_is_reported_and_logged_never_a_500(api, user
         "over_trigger": False,
         "detail": "RuntimeError",
     }
-    assert Message.objects.filter(conversation_id=pk).active().count() == 4
+    assert Message.objects.filter(conversation_id=pk).active().count() == 5
     attempt = CompactionAttempt.objects.get(conversation_id=pk)
     assert (attempt.outcome, attempt.reason) == ("failed", "error")
     assert "backend bug" in attempt.error

@@ -113,7 +113,8 @@ def conversations(draw: st.DrawFn, min_turns: int = 1, max_turns: int = 12) -> l
 @st.composite
 def policies(draw: st.DrawFn) -> tuple[dict[str, int], dict[str, int], int | None]:
     """A valid (trigger, keep, max_context_tokens): keep below the trigger whenever they share
-    a unit, and a message trigger above keep plus the system message and the summary."""
+    a unit, and a message trigger above keep plus every pinned message (the system message,
+    the summary, the key facts block)."""
     unit = draw(st.sampled_from(["messages", "tokens"]))
     kept = draw(st.integers(1, 8)) if unit == "messages" else draw(st.integers(1, 300))
     trigger: dict[str, int] = {}
@@ -484,13 +485,14 @@ def test_a_late_result_for_an_archived_request_never_orphans_the_context():
         assistant_calls("c1", name="book"),
         user_message("Hurry up, please."),
         user_message("Are you there?"),
+        user_message("Hello?"),
     ]
     late = tool_result("c1", "Booked AI-101.")
     with override_settings(CTXSUM=_ctxsum(SUMMARIZER=OFFLINE_SUMMARIZER)):
-        conversation = _new_conversation({"messages": 4}, {"messages": 1})
+        conversation = _new_conversation({"messages": 5}, {"messages": 1})
         message_append(conversation=conversation, messages=messages)
         result = conversation_compact(conversation=conversation)
-        assert result.compacted and [row.seq for row in result.archived] == [0, 1, 2]
+        assert result.compacted and [row.seq for row in result.archived] == [0, 1, 2, 3]
         with pytest.raises(ValidationError) as refused:
             message_append(conversation=conversation, messages=[late])
         assert refused.value.message_dict == {

@@ -53,7 +53,7 @@ def subject_pair(user: Any) -> tuple[Conversation, Conversation]:
             subject=SUBJECT,
             messages=HISTORY,
             trigger={"messages": 5},
-            keep={"messages": 2},
+            keep={"messages": 1},
         )
         for _ in range(2)
     ]

@@ -99,7 +99,7 @@ def test_a_worker_killed_during_the_call_leaves_a_lease_that_expires(user, fake)
         system=SYSTEM["content"],
         messages=HISTORY,
         trigger={"messages": 5},
-        keep={"messages": 2},
+        keep={"messages": 1},
     )
     before = counters(conversation)
     child = subprocess.Popen(

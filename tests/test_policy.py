@@ -9,11 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxsum.policy import (
+    KEEP_LEAVES_NO_ROOM,
     KEEP_NOT_BELOW_TRIGGER,
     KEEP_NOT_ONE_UNIT,
     MIN_SUMMARY_BUDGET,
     NOT_AN_OBJECT,
     NOT_POSITIVE_INT,
+    PINNED_MAX,
     TRIGGER_EMPTY,
     UNKNOWN_KEYS,
     Keep,
@@ -63,7 +65,7 @@ def test_four_messages_stay_below_a_five_message_trigger() -> None:
         [10] * 4,
         leading=False,
         has_summary=False,
-        policy=policy({"messages": 5}, {"messages": 2}),
+        policy=policy({"messages": 5}, {"messages": 1}),
     )
     assert plan.reason is Reason.BELOW_TRIGGER
     assert not plan.compacts
@@ -71,40 +73,40 @@ def test_four_messages_stay_below_a_five_message_trigger() -> None:
     assert plan.message_count_after == plan.message_count_before == 4
 
 
-def test_five_messages_archive_all_but_the_last_two() -> None:
-    messages = turns(5)
+def test_six_messages_archive_all_but_the_last_two() -> None:
+    messages = turns(6)
     plan = plan_compaction(
         messages,
-        [10, 11, 12, 13, 14],
+        [10, 11, 12, 13, 14, 15],
         leading=False,
         has_summary=False,
-        policy=policy({"messages": 5}, {"messages": 2}),
+        policy=policy({"messages": 6}, {"messages": 2}),
     )
     assert plan.reason is Reason.COMPACTED
     assert plan.compacts
-    assert (plan.start, plan.cutoff) == (0, 3)
-    assert plan.message_count_before == 5
-    assert plan.tokens_before == 60 + REPLY_PRIMING
+    assert (plan.start, plan.cutoff) == (0, 4)
+    assert plan.message_count_before == 6
+    assert plan.tokens_before == 75 + REPLY_PRIMING
     # A new summary of the smallest budget (what it replaces is small) and the two kept.
     assert plan.message_count_after == 3
     assert plan.summary_budget == MIN_SUMMARY_BUDGET
-    assert plan.tokens_after == MIN_SUMMARY_BUDGET + 13 + 14 + REPLY_PRIMING
+    assert plan.tokens_after == MIN_SUMMARY_BUDGET + 14 + 15 + REPLY_PRIMING
 
 
-def test_five_messages_with_system_message_keep_it_pinned() -> None:
-    messages = [system_message(), *turns(4)]
+def test_six_messages_with_system_message_keep_it_pinned() -> None:
+    messages = [system_message(), *turns(5)]
     plan = plan_compaction(
         messages,
-        [7, 10, 11, 12, 13],
+        [7, 10, 11, 12, 13, 14],
         leading=True,
         has_summary=False,
-        policy=policy({"messages": 5}, {"messages": 2}),
+        policy=policy({"messages": 6}, {"messages": 2}),
     )
     assert plan.compacts
-    assert (plan.start, plan.cutoff) == (1, 3)
-    assert messages[plan.start : plan.cutoff] == messages[1:3]
+    assert (plan.start, plan.cutoff) == (1, 4)
+    assert messages[plan.start : plan.cutoff] == messages[1:4]
     assert plan.message_count_after == 4
-    assert plan.tokens_after == 7 + MIN_SUMMARY_BUDGET + 12 + 13 + REPLY_PRIMING
+    assert plan.tokens_after == 7 + MIN_SUMMARY_BUDGET + 13 + 14 + REPLY_PRIMING
 
 
 def test_both_trigger_keys_must_be_reached() -> None:
@@ -115,10 +117,10 @@ def test_both_trigger_keys_must_be_reached() -> None:
     assert trigger.reached(4, 100)
     assert trigger.reached(40, 1000)
 
-    rule = policy({"messages": 4, "tokens": 100}, {"messages": 1})
+    rule = policy({"messages": 5, "tokens": 100}, {"messages": 1})
     many_small = plan_compaction(turns(6), [5] * 6, leading=False, has_summary=False, policy=rule)
-    few_large = plan_compaction(turns(3), [200] * 3, leading=False, has_summary=False, policy=rule)
-    both = plan_compaction(turns(4), [30] * 4, leading=False, has_summary=False, policy=rule)
+    few_large = plan_compaction(turns(4), [200] * 4, leading=False, has_summary=False, policy=rule)
+    both = plan_compaction(turns(5), [30] * 5, leading=False, has_summary=False, policy=rule)
     assert many_small.reason is Reason.BELOW_TRIGGER
     assert few_large.reason is Reason.BELOW_TRIGGER
     assert both.reason is Reason.COMPACTED
@@ -545,11 +547,61 @@ def test_a_trigger_within_a_ratio_needs_one_unit_that_far_below() -> None:
     assert not trigger.within(0.5, 6, 501)
 
 
-def test_a_message_trigger_must_leave_room_for_keep_system_and_summary() -> None:
+def test_a_message_trigger_must_leave_room_for_keep_and_every_pinned_message() -> None:
+    # System message, summary, facts block and 3 kept: 6 messages reach a trigger of 6.
     with pytest.raises(PolicyError, match=r"Keep at most 2 messages") as caught:
-        parse_policy({"messages": 5}, {"messages": 3})
+        parse_policy({"messages": 6}, {"messages": 3})
     assert caught.value.field == "keep"
-    assert parse_policy({"messages": 5}, {"messages": 2}).keep.messages == 2
+    assert str(caught.value) == KEEP_LEAVES_NO_ROOM.format(keep=3, trigger=6, most=2)
+    assert parse_policy({"messages": 6}, {"messages": 2}).keep.messages == 2
+    with pytest.raises(PolicyError, match=r"Keep at most 0 messages"):
+        parse_policy({"messages": 4}, {"messages": 1})
+
+
+def facts_block() -> Message:
+    return user_message("Key facts (kept beside the summary; pinned first):\n- a: b")
+
+
+def test_with_a_facts_block_a_compaction_keeps_all_of_keep_when_the_trigger_allows() -> None:
+    pinned = [system_message(), summary(), facts_block()]
+    messages = [*pinned, *turns(8)]
+    plan = plan_compaction(
+        messages,
+        [50, 60, 40, *[10] * 8],
+        leading=True,
+        has_summary=True,
+        has_facts=True,
+        policy=policy({"messages": 7}, {"messages": 3}),
+    )
+    assert plan.compacts and not plan.over_trigger
+    assert (plan.start, plan.cutoff) == (3, 8)
+    # System message, the new summary, the block, and the three messages keep asks for.
+    assert plan.message_count_after == 3 + 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(keep=st.integers(1, 12), trigger=st.integers(2, 30), extra=st.integers(0, 8))
+def test_every_accepted_message_policy_keeps_all_of_keep_beside_every_pinned_message(
+    keep: int, trigger: int, extra: int
+) -> None:
+    try:
+        rule = policy({"messages": trigger}, {"messages": keep})
+    except PolicyError:
+        # Refused only when the pinned three and the kept tail would reach the trigger.
+        assert keep + 3 >= trigger
+        return
+    messages = [system_message(), summary(), facts_block(), *turns(trigger - 3 + extra)]
+    plan = plan_compaction(
+        messages,
+        [10] * len(messages),
+        leading=True,
+        has_summary=True,
+        has_facts=True,
+        policy=rule,
+    )
+    assert plan.compacts and not plan.over_trigger
+    assert plan.cutoff == len(messages) - keep
+    assert plan.message_count_after == 3 + keep
 
 
 @pytest.mark.parametrize("value", [0, -1, True, 1.5, "100"])
@@ -597,7 +649,7 @@ def test_a_conversation_of_pinned_messages_only_has_nothing_to_summarize() -> No
         [5, 5],
         leading=True,
         has_summary=True,
-        policy=policy({"messages": 4}, {"messages": 1}),
+        policy=policy({"messages": 5}, {"messages": 1}),
         force=True,
     )
     assert plan.reason is Reason.NOTHING_TO_SUMMARIZE
@@ -791,7 +843,11 @@ def policies(draw: st.DrawFn) -> Policy:
         keep = Keep(tokens=draw(st.integers(1, 1500)))
     units = draw(st.sampled_from([("messages",), ("tokens",), ("messages", "tokens")]))
     trigger = Trigger(
-        messages=draw(st.integers((keep.messages or 0) + 3, 30)) if "messages" in units else None,
+        messages=(
+            draw(st.integers((keep.messages or 0) + PINNED_MAX + 1, 30))
+            if "messages" in units
+            else None
+        ),
         tokens=draw(st.integers((keep.tokens or 0) + 1, 5000)) if "tokens" in units else None,
     )
     ceiling = draw(st.none() | st.integers(50, 6000))

@@ -54,7 +54,7 @@ from tests.postgres import (
 from tests.support.urls import api_url
 
 pytestmark = POSTGRES
-POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
+POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
 
 
 def result(call_id: str) -> dict[str, Any]:
@@ -521,12 +521,12 @@ def test_an_auto_compaction_whose_conversation_is_deleted_mid_call(user, fake, a
     """The append has committed when its automatic compaction starts: it answers 201 and
     reports the compaction as a conflict, never a 500."""
     settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
-    conversation = create(user, ORPHAN_HISTORY[:4])  # one short of the trigger
+    conversation = create(user, ORPHAN_HISTORY)  # one short of the trigger
     pk = conversation.pk
     client = APIClient()
     client.force_authenticate(user)
     appender = start(
-        lambda: client.post(api_url("message-list", pk), long_user_message("u4"), format="json")
+        lambda: client.post(api_url("message-list", pk), long_user_message("u5"), format="json")
     )
     assert fake.wait_for_in_flight(1, timeout=10), "the automatic compaction never started"
     assert api.delete(api_url("conversation-detail", pk)).status_code == 204

@@ -30,7 +30,7 @@ from tests.invariants import assert_context_invariants
 from tests.postgres import POSTGRES, blocked, compact_held, held_openai, start, wait_until
 
 pytestmark = POSTGRES
-POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
+POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
 HISTORY = [
     long_user_message("u0"),
     assistant_calls("call_x"),

@@ -718,24 +718,25 @@ def test_patch_keep_checked_against_the_stored_trigger(api, user) -> None:
     )
     assert_400_naming(response, "policy")
     assert snapshot(conversation) == before
-    # Keep plus the system message and the summary must stay below the trigger.
-    response = api.patch(
-        api_url("conversation-detail", conversation),
-        {"policy": {"keep": {"messages": 18}}},
-        format="json",
-    )
-    assert_400_naming(response, "policy")
-    assert "Keep at most 17 messages" in str(response.json())
-    assert snapshot(conversation) == before
+    # Keep plus the system message, the summary and the facts block must stay below the
+    # trigger.
     response = api.patch(
         api_url("conversation-detail", conversation),
         {"policy": {"keep": {"messages": 17}}},
         format="json",
     )
+    assert_400_naming(response, "policy")
+    assert "Keep at most 16 messages" in str(response.json())
+    assert snapshot(conversation) == before
+    response = api.patch(
+        api_url("conversation-detail", conversation),
+        {"policy": {"keep": {"messages": 16}}},
+        format="json",
+    )
     assert response.status_code == 200
     assert response.json()["policy"] == {
         "trigger": {"messages": 20},
-        "keep": {"messages": 17},
+        "keep": {"messages": 16},
         "max_context_tokens": None,
     }
 

@@ -217,7 +217,7 @@ def no_gain(document: Document) -> None:
         conversation (`$TINY`) of four one-word turns:
         """
     )
-    policy = {"trigger": {"messages": 4}, "keep": {"messages": 1}}
+    policy = {"trigger": {"tokens": 20}, "keep": {"messages": 1}}
     body = {"policy": policy, "messages": samples.ONE_WORD_TURNS}
     created = document.call("POST", "/conversations/", body)
     document.name("TINY", created.data["id"])

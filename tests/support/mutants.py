@@ -1,5 +1,6 @@
-"""Hand-made mutants of the compaction service, the policy and the validation rules, and a
-runner that applies them one at a time and runs the tests that should notice.
+"""Hand-made mutants of the compaction service, the policy, the validation rules, the
+redaction and the facts block, and a runner that applies them one at a time and runs the
+tests that should notice.
 
     python -m tests.support.mutants [--list] [--only NAME]... [--output results.json]
 
@@ -44,12 +45,16 @@ POLICY = "ctxsum/policy.py"
 VALIDATION = "ctxsum/validation.py"
 COMPACTION = "ctxsum/services/compaction.py"
 LEASES = "ctxsum/services/leases.py"
+REDACTION = "ctxsum/services/redaction.py"
+FACT_BLOCK = "ctxsum/services/fact_block.py"
 
 POLICY_TESTS = ("tests/test_policy.py",)
 VALIDATION_TESTS = ("tests/test_validation.py",)
 COMPACTION_TESTS = ("tests/test_compaction.py", "tests/test_compaction_api.py")
 RACE_TESTS = ("tests/test_races.py",)
 LEASE_TESTS = ("tests/test_compaction_concurrency.py",)
+PINNED_TESTS = ("tests/test_pinned.py",)
+BOUNDARY_TESTS = ("tests/test_boundaries.py",)
 
 PYTEST_OPTIONS = ("-x", "-q", "-p", "no:cacheprovider")
 # A mutant that makes a loop endless is killed by the clock.
@@ -100,7 +105,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if kept is not None and limit is not None and kept > limit:",
         POLICY_TESTS,
     ),
-    Mutant("pinned-max-one", POLICY, "PINNED_MAX = 2", "PINNED_MAX = 1", POLICY_TESTS),
+    Mutant("pinned-max-without-facts", POLICY, "PINNED_MAX = 3", "PINNED_MAX = 2", POLICY_TESTS),
     Mutant(
         "retention-keeps-one-fewer",
         POLICY,
@@ -290,6 +295,13 @@ MUTANTS: tuple[Mutant, ...] = (
         COMPACTION_TESTS,
     ),
     Mutant(
+        "archive-includes-leading",
+        COMPACTION,
+        "            is_leading=False,\n",
+        "",
+        PINNED_TESTS,
+    ),
+    Mutant(
         "archive-count-only-more",
         COMPACTION,
         "if updated != len(archived):",
@@ -396,6 +408,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "rows = Conversation.objects.using(db)",
         RACE_TESTS,
         postgres=True,
+    ),
+    # --- redaction and the facts block: inclusive edges ----------------------------------
+    Mutant(
+        "redaction-skips-to-seq",
+        REDACTION,
+        "to_seq__gte=message.seq",
+        "to_seq__gt=message.seq",
+        BOUNDARY_TESTS,
+    ),
+    Mutant(
+        "facts-budget-exclusive",
+        FACT_BLOCK,
+        "if used + fact.token_count <= limit:",
+        "if used + fact.token_count < limit:",
+        BOUNDARY_TESTS,
     ),
 )
 
