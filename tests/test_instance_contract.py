@@ -66,9 +66,7 @@ def test_a_stale_instance_compacts_when_the_rows_trigger_says_so(user, chat_mode
     assert result.conversation is stale
 
 
-def test_a_stale_instance_does_not_compact_when_the_rows_trigger_is_not_reached(
-    user, chat_model
-):
+def test_a_stale_instance_does_not_compact_when_the_rows_trigger_is_not_reached(user, chat_model):
     stale = conversation_create(
         owner=user,
         system="Be brief.",
@@ -118,9 +116,7 @@ def test_a_stale_instance_is_held_to_the_rows_ceiling(user, chat_model):
     assert row.turn_owner == "" and row.chat_calls == 0
 
 
-def test_a_model_changed_during_the_call_counts_the_pair_with_the_new_encoding(
-    user, chat_model
-):
+def test_a_model_changed_during_the_call_counts_the_pair_with_the_new_encoding(user, chat_model):
     """The row's model changes while a streamed turn waits for its answer: the pair is
     counted, under the commit's lock, with the encoding the row names then."""
     chat_model.reply = JAPANESE
@@ -132,7 +128,7 @@ def test_a_model_changed_during_the_call_counts_the_pair_with_the_new_encoding(
 
     assert isinstance(result, ChatResult)
     expected = tokens.count_message(user_message(JAPANESE), model="gpt-4")
-    assert [m.token_count for m in result.messages][0] == expected
+    assert result.messages[0].token_count == expected
     row = Conversation.objects.get(pk=conversation.pk)
     stored = Message.objects.filter(conversation=row).order_by("seq")
     assert row.active_tokens == sum(m.token_count for m in stored)

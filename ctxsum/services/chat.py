@@ -371,10 +371,7 @@ def _commit(
         transaction.on_commit(partial(_announce, locked, stored), using=db)
     caller = turn.caller or conversation
     caller.update_from(locked)
-    return ChatResult(
-        conversation=caller, messages=stored, turn=record, compaction=turn.compaction
-    )
-
+    return ChatResult(conversation=caller, messages=stored, turn=record, compaction=turn.compaction)
 
 
 def _announce(conversation: Conversation, stored: list[Message]) -> None:
