@@ -242,7 +242,7 @@ class ApiRootOutputSerializer(serializers.Serializer[Any]):
 
 class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
     covers = serializers.SerializerMethodField()
-    previous_version = serializers.IntegerField(source="previous.version", allow_null=True)
+    previous_version = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField()
 
     class Meta:
@@ -272,15 +272,30 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
     def get_covers(self, summary: Summary) -> dict[str, int]:
         return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
 
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_previous_version(self, summary: Summary) -> int | None:
+        """The version it extends; null for the first, or when that version, read after a
+        write committed, could not be read (logged)."""
+        if summary.previous_id is None:
+            return None
+        read = partial(_related_version, summary, "previous")
+        return read_after_write("the previous version", summary.conversation_id, read)
+
     def get_stale(self, summary: Summary) -> bool:
         return selectors.summary_is_stale(summary)
+
+
+def _related_version(row: Any, name: str) -> int:
+    """The version of the summary ``row.name`` points to (read when not loaded yet)."""
+    version: int = getattr(row, name).version
+    return version
 
 
 class MessageOutputSerializer(serializers.ModelSerializer[Message]):
     """A stored message: the OpenAI message plus where it stands in the conversation."""
 
     archived = serializers.SerializerMethodField()
-    summary_version = serializers.IntegerField(source="summary.version", allow_null=True)
+    summary_version = serializers.SerializerMethodField()
     replaced = serializers.SerializerMethodField()
 
     class Meta:
@@ -293,6 +308,15 @@ class MessageOutputSerializer(serializers.ModelSerializer[Message]):
 
     def get_archived(self, message: Message) -> bool:
         return message.summary_id is not None
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_summary_version(self, message: Message) -> int | None:
+        """The version that archived it; null while it is active, or when that version,
+        read after a write committed (a redaction), could not be read (logged)."""
+        if message.summary_id is None:
+            return None
+        read = partial(_related_version, message, "summary")
+        return read_after_write("the version that archived it", message.conversation_id, read)
 
     def get_replaced(self, message: Message) -> bool:
         return message.replaced_at is not None
