@@ -55,7 +55,10 @@ class ConversationChat(CtxsumView):
         "of the model's answer as `data: {chat.completion.chunk}`, then `event: ctxsum` "
         "whose data is this operation's JSON answer, then `data: [DONE]`; a failure after "
         'the first chunk is `event: error` with `{"detail", "code"}`, and nothing is '
-        "stored. A failure before it is an ordinary JSON error. A retry with the "
+        "stored. A failure before it is an ordinary JSON error. A stored turn always "
+        "answers 200 (a stream ends with its `ctxsum` event): `stats` is null when they "
+        "could not be read after the commit. A blank answer of the model is retried and "
+        "never stored. A retry with the "
         "Idempotency-Key of a turn that was stored answers that turn's JSON answer (the "
         "`ctxsum` event's data, streamed or not) and calls no model.",
     )

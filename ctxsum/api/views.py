@@ -293,7 +293,8 @@ class SummaryRebuild(CtxsumView):
         description="For a stale summary (written under another prompt, or covering a "
         "redacted message). The new version covers the same messages; the one it replaces "
         "is kept, marked superseded. `rebuilt: false` comes with a `reason`: "
-        "`nothing_to_summarize` (no summary), `in_progress` or `conflict`.",
+        "`nothing_to_summarize` (no summary), `in_progress` or `conflict`. `context` is "
+        "null when it could not be read after the rebuild (which stands).",
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -324,7 +325,8 @@ class SummaryRevert(CtxsumView):
         "`reverted`; reverting a rebuild restores the version it superseded. Reverting "
         "again walks back one more version. `reverted: false` comes with a `reason`: "
         "`in_progress` (another worker holds the compaction lease) or `conflict` (the "
-        "active summary changed meanwhile).",
+        "active summary changed meanwhile). `context` is null when it could not be read "
+        "after the revert (which stands).",
     )
     def post(self, request: Request, pk: str, version: str) -> Response:
         conversation = self.get_conversation()
