@@ -13,7 +13,10 @@ The order (docs/architecture.md, "The chat turn"):
 6. store the new message and the reply in one transaction, under the row lock and the turn
    lock, through the append machinery (validation, token counts, tool-call index), with the
    turn's usage, releasing the turn lock in the same transaction.
-Any failure after step 2 gives the reservation back; nothing of the turn is stored.
+Any failure after step 2 gives the reservation back; nothing of the turn is stored. Steps 3
+to 6 plan from the row as read after step 2, never from the caller's instance. Once step 6
+has committed the turn is a success: what follows it (the ``messages_appended`` signal) is
+logged when it fails, never raised.
 """
 
 from __future__ import annotations
@@ -148,7 +151,9 @@ def chat_turn(
     (iterate it to the end, or close it). ``user`` is who asks (counted against
     CHAT_MAX_CALLS_PER_USER_PER_DAY; the conversation's owner when None). With
     ``idempotency`` (an Idempotency-Key's claim), the claim is marked applied in the
-    transaction that stores the turn: a retry with that key never stores it again.
+    transaction that stores the turn: a retry with that key never stores it again. The turn
+    plans from the conversation's row as read once it is reserved (trigger, ceiling, model),
+    not from ``conversation``, which is brought up to date when the turn is stored.
 
     Raises ValidationError / MessagesInvalid (bad options or message; nothing happened),
     TurnInProgress, CallLimitReached, SummarizerError (the compaction failed),
