@@ -33,6 +33,12 @@ from ctxsum.services.idempotency import Claim, key_answer, key_release
 
 logger = logging.getLogger("ctxsum.api")
 
+ANSWER_FAILED = "Conversation %s: a streamed chat turn was stored, but its answer failed."
+KEY_ANSWER_FAILED = (
+    "Conversation %s: a streamed chat turn was stored, but its Idempotency-Key's answer "
+    "could not be."
+)
+
 
 class ConversationChat(CtxsumView):
     serializer_class = ChatInputSerializer
@@ -49,7 +55,10 @@ class ConversationChat(CtxsumView):
         "of the model's answer as `data: {chat.completion.chunk}`, then `event: ctxsum` "
         "whose data is this operation's JSON answer, then `data: [DONE]`; a failure after "
         'the first chunk is `event: error` with `{"detail", "code"}`, and nothing is '
-        "stored. A failure before it is an ordinary JSON error. A retry with the "
+        "stored. A failure before it is an ordinary JSON error. A stored turn always "
+        "answers 200 (a stream ends with its `ctxsum` event): `stats` is null when they "
+        "could not be read after the commit. A blank answer of the model is retried and "
+        "never stored. A retry with the "
         "Idempotency-Key of a turn that was stored answers that turn's JSON answer (the "
         "`ctxsum` event's data, streamed or not) and calls no model.",
     )
@@ -99,24 +108,39 @@ def event_stream(
 
 
 def _events(stream: ChatStream, first: Any, claim: Claim | None) -> Iterator[bytes]:
-    answered = False
+    stored = False
     try:
         for event in itertools.chain([first], stream):
             if isinstance(event, ChatResult):
-                answer = ChatOutputSerializer(event).data
-                if claim is not None:
-                    key_answer(claim, status=status.HTTP_200_OK, data=answer)
-                answered = True
-                yield sse(JSONRenderer().render(answer).decode(), event="ctxsum")
-                yield sse("[DONE]")
+                # Stored: from here on the stream ends with its answer, whatever fails.
+                stored = True
+                yield from _stored_events(event, claim)
             else:
                 yield sse(event)
     except Exception as error:
-        yield sse(_stream_error(error), event="error")
+        if stored:
+            # Never an error event for a stored turn: it would say the turn failed.
+            logger.exception(ANSWER_FAILED, stream.turn.reservation.conversation_pk)
+        else:
+            yield sse(_stream_error(error), event="error")
     finally:
         stream.close()
-        if claim is not None and not answered:
+        if claim is not None and not stored:
             key_release(claim)
+
+
+def _stored_events(result: ChatResult, claim: Claim | None) -> Iterator[bytes]:
+    """The ``ctxsum`` event and ``[DONE]`` of a stored turn. Built from what can be read
+    (``stats`` is null when they cannot be: ChatOutputSerializer); a key whose answer cannot
+    be stored is logged, and a retry with it is told the turn was applied."""
+    answer = ChatOutputSerializer(result).data
+    if claim is not None:
+        try:
+            key_answer(claim, status=status.HTTP_200_OK, data=answer)
+        except Exception:
+            logger.exception(KEY_ANSWER_FAILED, result.conversation.pk)
+    yield sse(JSONRenderer().render(answer).decode(), event="ctxsum")
+    yield sse("[DONE]")
 
 
 def _stream_error(error: Exception) -> dict[str, str]:

@@ -4,7 +4,10 @@ request's structure; the service checks its meaning) and an output serializer pe
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
 from django.utils.translation import gettext_lazy as _
 from drf_spectacular.utils import extend_schema_field
@@ -18,9 +21,28 @@ from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
 from ctxsum.services.facts import MAX_SUBJECT_CHARS, NOT_A_BOOLEAN
 from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
 
+logger = logging.getLogger("ctxsum.api")
+T = TypeVar("T")
+
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
+# Logged when a part of a write's answer could not be read after the write committed.
+READ_AFTER_WRITE_FAILED = (
+    "Conversation %s: its write committed, but %s could not be read for the answer; "
+    "answered without it (null)."
+)
 # The service's words for the same rule (ctxsum.services.facts.TOO_LONG), in DRF's template.
 MAX_CHARACTERS = _("Must be at most {max_length} characters.")
+
+
+def read_after_write(part: str, conversation_id: Any, read: Callable[[], T]) -> T | None:
+    """``read()``, a part of a write's answer read after the write committed (stats, the
+    context): None when it fails, logged with the conversation's id. The write is stored:
+    its answer is a success without that part, never an error that says otherwise."""
+    try:
+        return read()
+    except Exception:
+        logger.exception(READ_AFTER_WRITE_FAILED, conversation_id, part)
+        return None
 
 
 # --------------------------------------------------------------------------- input
@@ -220,7 +242,7 @@ class ApiRootOutputSerializer(serializers.Serializer[Any]):
 
 class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
     covers = serializers.SerializerMethodField()
-    previous_version = serializers.IntegerField(source="previous.version", allow_null=True)
+    previous_version = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField()
 
     class Meta:
@@ -250,15 +272,30 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
     def get_covers(self, summary: Summary) -> dict[str, int]:
         return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
 
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_previous_version(self, summary: Summary) -> int | None:
+        """The version it extends; null for the first, or when that version, read after a
+        write committed, could not be read (logged)."""
+        if summary.previous_id is None:
+            return None
+        read = partial(_related_version, summary, "previous")
+        return read_after_write("the previous version", summary.conversation_id, read)
+
     def get_stale(self, summary: Summary) -> bool:
         return selectors.summary_is_stale(summary)
+
+
+def _related_version(row: Any, name: str) -> int:
+    """The version of the summary ``row.name`` points to (read when not loaded yet)."""
+    version: int = getattr(row, name).version
+    return version
 
 
 class MessageOutputSerializer(serializers.ModelSerializer[Message]):
     """A stored message: the OpenAI message plus where it stands in the conversation."""
 
     archived = serializers.SerializerMethodField()
-    summary_version = serializers.IntegerField(source="summary.version", allow_null=True)
+    summary_version = serializers.SerializerMethodField()
     replaced = serializers.SerializerMethodField()
 
     class Meta:
@@ -271,6 +308,15 @@ class MessageOutputSerializer(serializers.ModelSerializer[Message]):
 
     def get_archived(self, message: Message) -> bool:
         return message.summary_id is not None
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_summary_version(self, message: Message) -> int | None:
+        """The version that archived it; null while it is active, or when that version,
+        read after a write committed (a redaction), could not be read (logged)."""
+        if message.summary_id is None:
+            return None
+        read = partial(_related_version, message, "summary")
+        return read_after_write("the version that archived it", message.conversation_id, read)
 
     def get_replaced(self, message: Message) -> bool:
         return message.replaced_at is not None
@@ -443,16 +489,18 @@ class ChatUsageOutputSerializer(serializers.ModelSerializer[ChatTurn]):
 class ChatOutputSerializer(serializers.Serializer[Any]):
     """What a chat turn stored (``services.ChatResult``): the new message and the reply, the
     turn's usage, the compaction before the call (null when none was due), and the
-    conversation's stats after it."""
+    conversation's stats after it (null when they could not be read: the turn is stored)."""
 
     messages = MessageOutputSerializer(many=True)
     usage = ChatUsageOutputSerializer(source="turn")
     compaction = AutoCompactionOutputSerializer(allow_null=True)
     stats = serializers.SerializerMethodField()
 
-    @extend_schema_field(schema.ConversationStats)
-    def get_stats(self, result: Any) -> dict[str, int]:
-        return selectors.conversation_stats(conversation=result.conversation)
+    @extend_schema_field(schema.ConversationStats(allow_null=True))
+    def get_stats(self, result: Any) -> dict[str, int] | None:
+        conversation = result.conversation
+        stats = partial(selectors.conversation_stats, conversation=conversation)
+        return read_after_write("stats", conversation.pk, stats)
 
 
 class CompactionOutputSerializer(serializers.Serializer[Any]):
@@ -492,7 +540,7 @@ class CompactionOutputSerializer(serializers.Serializer[Any]):
 
 class RebuildOutputSerializer(serializers.Serializer[Any]):
     """What a rebuild did (``services.Rebuilt``) and the context after it; the view passes
-    the context as ``context["active"]``."""
+    the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
     rebuilt = serializers.BooleanField()
     reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REBUILD_REASONS])
@@ -501,15 +549,16 @@ class RebuildOutputSerializer(serializers.Serializer[Any]):
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
     context = serializers.SerializerMethodField()  # type: ignore[assignment]
 
-    @extend_schema_field(ContextOutputSerializer)
-    def get_context(self, rebuilt: Any) -> dict[str, Any]:
+    @extend_schema_field(ContextOutputSerializer(allow_null=True))
+    def get_context(self, rebuilt: Any) -> dict[str, Any] | None:
         # Serializer.context, the dict the view passed: the field above is not an attribute.
-        return ContextOutputSerializer(self.context["active"]).data  # type: ignore[index]
+        active = self.context["active"]  # type: ignore[index]
+        return None if active is None else ContextOutputSerializer(active).data
 
 
 class RevertOutputSerializer(serializers.Serializer[Any]):
     """What a revert did (``services.Reverted``) and the context after it; the view passes
-    the context as ``context["active"]``."""
+    the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
     reverted = serializers.BooleanField()
     reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REVERT_REASONS])
@@ -522,7 +571,8 @@ class RevertOutputSerializer(serializers.Serializer[Any]):
     def get_messages_restored(self, reverted: Any) -> int:
         return len(reverted.restored)
 
-    @extend_schema_field(ContextOutputSerializer)
-    def get_context(self, reverted: Any) -> dict[str, Any]:
+    @extend_schema_field(ContextOutputSerializer(allow_null=True))
+    def get_context(self, reverted: Any) -> dict[str, Any] | None:
         # Serializer.context, the dict the view passed: the field above is not an attribute.
-        return ContextOutputSerializer(self.context["active"]).data  # type: ignore[index]
+        active = self.context["active"]  # type: ignore[index]
+        return None if active is None else ContextOutputSerializer(active).data

@@ -3,6 +3,7 @@ The chat turn is in ``ctxsum.api.chat``, the base view in ``ctxsum.api.base``.""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -41,6 +42,7 @@ from ctxsum.api.serializers import (
     RebuildOutputSerializer,
     RevertOutputSerializer,
     SummaryOutputSerializer,
+    read_after_write,
 )
 from ctxsum.exceptions import (
     MessagesInvalid,
@@ -67,6 +69,13 @@ def _service_fields(validated: dict[str, Any]) -> dict[str, Any]:
         policy = fields.pop("policy")
         fields.update(dict.fromkeys(POLICY_KEYS) if policy is None else policy)
     return fields
+
+
+def _context_after_write(conversation: Conversation) -> selectors.ActiveContext | None:
+    """The context for the answer of a write that committed; None (logged) when it cannot
+    be read: the answer's ``context`` is null then, and the answer still a success."""
+    read = partial(selectors.context_get, conversation=conversation)
+    return read_after_write("the context", conversation.pk, read)
 
 
 def _detail(conversation: Conversation) -> dict[str, Any]:
@@ -284,7 +293,8 @@ class SummaryRebuild(CtxsumView):
         description="For a stale summary (written under another prompt, or covering a "
         "redacted message). The new version covers the same messages; the one it replaces "
         "is kept, marked superseded. `rebuilt: false` comes with a `reason`: "
-        "`nothing_to_summarize` (no summary), `in_progress` or `conflict`.",
+        "`nothing_to_summarize` (no summary), `in_progress` or `conflict`. `context` is "
+        "null when it could not be read after the rebuild (which stands).",
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -293,7 +303,7 @@ class SummaryRebuild(CtxsumView):
             rebuilt = services.conversation_rebuild(conversation=conversation)
         except SummarizerError as error:
             raise SummarizerFailed(reason=failure_reason(error)) from error
-        active = selectors.context_get(conversation=conversation)
+        active = _context_after_write(conversation)
         return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
 
 
@@ -315,7 +325,8 @@ class SummaryRevert(CtxsumView):
         "`reverted`; reverting a rebuild restores the version it superseded. Reverting "
         "again walks back one more version. `reverted: false` comes with a `reason`: "
         "`in_progress` (another worker holds the compaction lease) or `conflict` (the "
-        "active summary changed meanwhile).",
+        "active summary changed meanwhile). `context` is null when it could not be read "
+        "after the revert (which stands).",
     )
     def post(self, request: Request, pk: str, version: str) -> Response:
         conversation = self.get_conversation()
@@ -325,7 +336,7 @@ class SummaryRevert(CtxsumView):
             reverted = services.conversation_revert(conversation=conversation, version=number)
         except Summary.DoesNotExist as error:
             raise exceptions.NotFound(SUMMARY_NOT_FOUND) from error
-        active = selectors.context_get(conversation=conversation)
+        active = _context_after_write(conversation)
         return Response(RevertOutputSerializer(reverted, context={"active": active}).data)
 
 

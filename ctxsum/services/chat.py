@@ -13,11 +13,16 @@ The order (docs/architecture.md, "The chat turn"):
 6. store the new message and the reply in one transaction, under the row lock and the turn
    lock, through the append machinery (validation, token counts, tool-call index), with the
    turn's usage, releasing the turn lock in the same transaction.
-Any failure after step 2 gives the reservation back; nothing of the turn is stored.
+Any failure after step 2 gives the reservation back; nothing of the turn is stored. Steps 3
+to 6 plan from the row as read after step 2, never from the caller's instance. Once step 6
+has committed the turn is a success: what follows it (the ``messages_appended`` signal) is
+logged when it fails, never raised.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -48,6 +53,8 @@ from ctxsum.services.transactions import write_db
 from ctxsum.services.turns import Reservation, TurnLost, turn_lock, turn_release, turn_reserve
 from ctxsum.signals import messages_appended
 
+logger = logging.getLogger("ctxsum.chat")
+
 CONTEXT_TOO_LONG = (
     "The context with the new message is {tokens} tokens, over this conversation's "
     "max_context_tokens ({limit}), even after compaction."
@@ -55,6 +62,9 @@ CONTEXT_TOO_LONG = (
 TURN_TAKEN_OVER = (
     "The turn ran longer than CHAT_TURN_SECONDS and another turn took the conversation "
     "over; nothing was stored."
+)
+ANNOUNCE_FAILED = (
+    "Conversation %s: a messages_appended receiver failed after a chat turn was stored."
 )
 # What the commit changes on the conversation row besides the append's counters.
 TURN_FIELDS = ("turn_owner", "turn_started_at")
@@ -85,6 +95,7 @@ class _Turn:
     user: Any
     compaction: AutoCompaction | None
     idempotency: Claim | None = None
+    caller: Conversation | None = None  # the instance chat_turn was given, updated at the end
 
 
 @overload
@@ -140,7 +151,9 @@ def chat_turn(
     (iterate it to the end, or close it). ``user`` is who asks (counted against
     CHAT_MAX_CALLS_PER_USER_PER_DAY; the conversation's owner when None). With
     ``idempotency`` (an Idempotency-Key's claim), the claim is marked applied in the
-    transaction that stores the turn: a retry with that key never stores it again.
+    transaction that stores the turn: a retry with that key never stores it again. The turn
+    plans from the conversation's row as read once it is reserved (trigger, ceiling, model),
+    not from ``conversation``, which is brought up to date when the turn is stored.
 
     Raises ValidationError / MessagesInvalid (bad options or message; nothing happened),
     TurnInProgress, CallLimitReached, SummarizerError (the compaction failed),
@@ -155,18 +168,28 @@ def chat_turn(
         max_completion_tokens=max_completion_tokens,
     )
     cleaned = _message_check(conversation, message)
+    # Copies, once checked: a caller that changes its message or tools while the turn runs
+    # (a stream is iterated later) changes neither what is sent nor what is stored.
+    cleaned, options = copy.deepcopy((cleaned, options))
     db = write_db(conversation)
     owner = user if user is not None else _Owner(conversation.owner_id)
     reservation = turn_reserve(conversation, user=owner, db=db)
     try:
-        turn = _prepare(conversation, reservation, cleaned, options, user)
-        turn.idempotency = idempotency
+        turn = _prepare(_row(reservation), reservation, cleaned, options, user)
+        turn.caller, turn.idempotency = conversation, idempotency
     except BaseException:
         turn_release(reservation)
         raise
     if stream:
         return ChatStream(turn)
     return _complete(turn)
+
+
+def _row(reservation: Reservation) -> Conversation:
+    """The conversation's row as read once the turn holds its lock: what the turn plans
+    from (trigger, ceiling, model), never the caller's instance, which may be stale."""
+    rows = Conversation.objects.using(reservation.db)
+    return rows.get(pk=reservation.conversation_pk)
 
 
 @dataclass(frozen=True)
@@ -202,7 +225,8 @@ def _prepare(
     options: dict[str, Any],
     user: Any,
 ) -> _Turn:
-    """Compact if due, check the ceiling, and build the request."""
+    """Compact if due, check the ceiling, and build the request, all from ``conversation``,
+    the row as the reservation left it."""
     new = [cleaned] if cleaned is not None else []
     new_tokens = sum(messages_count(conversation, new))
     context, compaction = _compact_if_due(conversation, len(new), new_tokens)
@@ -322,6 +346,9 @@ def _commit(
         except TurnLost as lost:
             raise TurnInProgress(TURN_TAKEN_OVER) from lost
         key_applied(turn.idempotency)
+        if locked.model != conversation.model:
+            # The model changed during the call: counted with the encoding it names now.
+            counts = messages_count(locked, rows)
         stored = messages_insert(locked, rows, counts)
         record = ChatTurn.objects.using(db).create(
             conversation=locked,
@@ -346,12 +373,16 @@ def _commit(
         # queued for after the commit (never one in this process: the reply is waiting;
         # the next turn compacts before its call if none has run by then).
         autocompact_schedule(locked)
-        send = partial(
-            messages_appended.send, sender=Conversation, conversation=locked, messages=stored
-        )
-        transaction.on_commit(send, using=db)
-    conversation.update_from(locked)
-    return ChatResult(
-        conversation=conversation, messages=stored, turn=record, compaction=turn.compaction
-    )
+        transaction.on_commit(partial(_announce, locked, stored), using=db)
+    caller = turn.caller or conversation
+    caller.update_from(locked)
+    return ChatResult(conversation=caller, messages=stored, turn=record, compaction=turn.compaction)
 
+
+def _announce(conversation: Conversation, stored: list[Message]) -> None:
+    """``messages_appended``, once the turn committed: a receiver that fails is logged, and
+    the turn, which is stored, is not reported as failed."""
+    try:
+        messages_appended.send(sender=Conversation, conversation=conversation, messages=stored)
+    except Exception:
+        logger.exception(ANNOUNCE_FAILED, conversation.pk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,6 +67,12 @@ def _max_length(name: str) -> int:
     return field.max_length
 
 
+def _copy(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A deep copy of a checked JSON object argument (None stays None): what is stored and
+    what the returned instance holds never share a dict with the caller."""
+    return None if value is None else copy.deepcopy(dict(value))
+
+
 def _system_message(system: Any) -> dict[str, Any]:
     if not isinstance(system, str):
         raise ValidationError({"system": [str(NOT_A_STRING)]})
@@ -102,14 +109,15 @@ def conversation_create(
         if isinstance(first, Mapping) and first.get("role") == "system":
             raise ValidationError({"system": [str(SYSTEM_AND_LEADING)]})
         leading = messages_clean([_system_message(system)])
+    # Copies, checked first: a caller that changes its dicts afterwards changes nothing here.
     conversation = Conversation(
         owner=owner,
         title=title,
-        metadata=dict(metadata or {}),  # checked: a mapping or None
+        metadata=_copy(metadata) or {},
         model=model,
         subject=subject,
-        trigger=trigger,
-        keep=keep,
+        trigger=_copy(trigger),
+        keep=_copy(keep),
         max_context_tokens=max_context_tokens,
     )
     # The client's messages are checked on their own, so errors carry the indices it sent.
@@ -191,6 +199,10 @@ def conversation_update(
     }
     checked = ("title", "model", "metadata", "subject")
     fields_clean(**{name: given[name] for name in checked if name in given})
+    for name in ("metadata", "trigger", "keep"):
+        value = given.get(name)
+        if isinstance(value, Mapping):
+            given[name] = _copy(value)
     db = write_db(conversation)
     with transaction.atomic(using=db):
         if "subject" in given:

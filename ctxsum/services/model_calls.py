@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ logger = logging.getLogger("ctxsum.chat")
 
 EXHAUSTED = "The model failed after {attempts} attempt(s) with {models}: {error}"
 BAD_REPLY = "The model's reply is not a valid message: {errors}"
+BLANK_REPLY = "The model's reply is blank: no text, no tool call, no refusal."
 
 
 @dataclass
@@ -75,13 +76,35 @@ def model_chain(primary: str) -> list[str]:
 
 def reply_clean(message: dict[str, Any]) -> dict[str, Any]:
     """The model's reply, checked as any appended message is; a ModelError when it is not a
-    message the conversation could store (it could not be sent back either)."""
+    message the conversation could store (it could not be sent back either), and a
+    transient one when it is blank: a failed attempt, retried like a 5xx, never stored."""
     try:
-        return clean_message(message, max_bytes=ctxsum_settings.MAX_MESSAGE_BYTES)
+        cleaned = clean_message(message, max_bytes=ctxsum_settings.MAX_MESSAGE_BYTES)
     except MessagesInvalid as invalid:
         raise ModelError(BAD_REPLY.format(errors=invalid.per_message[0])) from invalid
     except TooLarge as error:
         raise ModelError(BAD_REPLY.format(errors=error)) from error
+    if is_blank(cleaned):
+        raise ModelError(BLANK_REPLY, transient=True)
+    return cleaned
+
+
+def is_blank(message: Mapping[str, Any]) -> bool:
+    """Whether a reply (or a stream chunk's delta) says nothing yet: no tool call, no
+    refusal, and content that is missing or whitespace (in every text part)."""
+    if message.get("tool_calls") or message.get("refusal"):
+        return False
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(
+            str(part.get("text") or "") for part in content if isinstance(part, Mapping)
+        )
+    return not isinstance(content, str) or not content.strip()
+
+
+def _says_something(chunk: Mapping[str, Any]) -> bool:
+    """Whether a stream chunk carries a part of the reply that is not blank."""
+    return any(not is_blank(choice.get("delta") or {}) for choice in chunk.get("choices") or ())
 
 
 def call_model(
@@ -103,14 +126,24 @@ def stream_model(
     attempts: Attempts, messages: list[dict[str, Any]], options: dict[str, Any]
 ) -> Iterator[dict[str, Any]]:
     """The chunks of the first stream any model of ``attempts`` opens; retried like
-    ``call_model`` until a chunk has been passed on, a ModelError as is after that."""
+    ``call_model`` until a chunk has been passed on, a ModelError as is after that. Chunks
+    are held back until one says something (a blank stream is a failed attempt, like a
+    blank reply): the role chunk, empty or whitespace deltas."""
     while True:
         attempts.count += 1
         passed_on = False
+        held: list[dict[str, Any]] = []
         try:
             for chunk in llm.stream(model=attempts.model, messages=messages, options=options):
+                if not passed_on and not _says_something(chunk):
+                    held.append(chunk)
+                    continue
                 passed_on = True
+                yield from held
+                held.clear()
                 yield chunk
+            if not passed_on:
+                raise ModelError(BLANK_REPLY, transient=True)
             return
         except ModelError as error:
             if passed_on:

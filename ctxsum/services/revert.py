@@ -73,7 +73,9 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     summaries = Summary.objects.using(db).filter(conversation=conversation)
-    target = summaries.select_related("previous").get(version=version)
+    # The version made active again comes with the one it extends: the answer names it,
+    # and nothing is left to read once the revert has committed.
+    target = summaries.select_related("previous__previous").get(version=version)
     if not target.active:
         active = summaries.filter(active=True).values_list("version", flat=True).first()
         message = NONE_ACTIVE if active is None else NOT_ACTIVE
