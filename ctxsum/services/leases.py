@@ -9,6 +9,7 @@ over. Leases are bookkeeping, not changes: queryset updates leave ``updated_at``
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,8 @@ from django.utils import timezone
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
+
+logger = logging.getLogger("ctxsum.compaction")
 
 # Seconds a lease outlives the summarizer timeout when LEASE_SECONDS is not set: the time
 # between the answer and the commit.
@@ -88,7 +91,10 @@ def lease_lock(conversation: Conversation, token: str, *, db: str) -> Conversati
 
 @contextmanager
 def leased(
-    conversation: Conversation, *, db: str, failed: Callable[[Exception], None] | None = None
+    conversation: Conversation,
+    *,
+    db: str,
+    failed: Callable[[BaseException], None] | None = None,
 ) -> Iterator[str | None]:
     """Take the conversation's lease for the body: yields its token, or None (nothing
     taken) while another worker holds a live lease. Raises Conversation.DoesNotExist when
@@ -96,9 +102,13 @@ def leased(
 
     A body that ends without raising leaves the lease as its commit left it: released in
     the same write. One that raises gives the lease up and tells ``failed`` of the error
-    (unless it is WriteNothing: a conflict, no gain), then the error goes on. An error
-    taking the lease, or Conversation.DoesNotExist from the body (deleted meanwhile), goes
-    on untouched: nothing to release, nothing to record.
+    (unless it is WriteNothing: a conflict, no gain), then the error goes on. That holds for
+    any exit, an exception that is not an ``Exception`` included (KeyboardInterrupt,
+    SystemExit, a worker's timeout, a cancellation: ``failed`` records it as
+    ``interrupted``). A release or a record that fails itself (the database is unusable) is
+    logged, never raised in place of the error that ended the body. An error taking the
+    lease, or Conversation.DoesNotExist from the body (deleted meanwhile), goes on
+    untouched: nothing to release, nothing to record.
     """
     token = lease_take(conversation, db=db)
     if token is None:
@@ -111,8 +121,43 @@ def leased(
     except WriteNothing:
         lease_release(conversation, token, db=db)
         raise
-    except Exception as error:
-        lease_release(conversation, token, db=db)
-        if failed is not None:
-            failed(error)
+    except BaseException as error:
+        _give_up(conversation, token, db=db, failed=failed, error=error)
         raise
+
+
+def _give_up(
+    conversation: Conversation,
+    token: str,
+    *,
+    db: str,
+    failed: Callable[[BaseException], None] | None,
+    error: BaseException,
+) -> None:
+    """Release the lease and record ``error`` after a body that raised it. Neither may
+    replace ``error`` (but for a conversation deleted meanwhile, which a failure reports):
+    a failure of either is logged, and a lease left held frees once abandoned."""
+    try:
+        lease_release(conversation, token, db=db)
+    except Exception:
+        logger.exception(
+            "Could not release the lease on conversation %s after %s; it frees in %s s.",
+            conversation.pk,
+            type(error).__name__,
+            lease_seconds(),
+        )
+    if failed is None:
+        return
+    try:
+        failed(error)
+    except Conversation.DoesNotExist:
+        # Deleted meanwhile: nothing to record. A failure says so instead (a 404 where it
+        # would have been a 502, as before); an interruption goes on as it came.
+        if isinstance(error, Exception):
+            raise
+    except Exception:
+        logger.exception(
+            "Could not record the failure (%s) of conversation %s's compaction.",
+            type(error).__name__,
+            conversation.pk,
+        )
