@@ -14,27 +14,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import SummarizerError
-from ctxsum.models import Conversation
+from ctxsum.models import CompactionAttempt, Conversation
 from ctxsum.policy import Reason
 from ctxsum.selectors import conversation_policy
 from ctxsum.services.compaction import CompactionResult, conversation_compact, failure_reason
-from ctxsum.services.leases import lease_held
+from ctxsum.services.leases import lease_expires, lease_seconds
 from ctxsum.services.transactions import write_db
 
 logger = logging.getLogger("ctxsum.compaction")
 
 DELETED = _("The conversation was deleted.")
 # The provider's own words go to the attempt record and the log, not to the client.
+CHECKED = _("The compaction this check follows recorded its outcome: nothing to do.")
 SUMMARIZER_FAILED = _("The summarizer failed; the compaction attempt records why.")
 # The runners COMPACTION_RUNNER names by a word; anything else is a dotted path.
 RUNNERS = {
@@ -45,6 +48,13 @@ SYNC = "sync"
 # Compactions one run makes at most: another follows only when messages appended during
 # the summarizer call left the context at its trigger again.
 MAX_ROUNDS = 3
+# A deferred run of the compaction task: ``defer(conversation_id, database, run_after,
+# since)`` enqueues it for ``run_after`` with the task engine's own deferral (a task's
+# run_after, a Celery eta). ``since``: the run is the check of a compaction started then.
+Defer = Callable[[str, str, datetime, "str | None"], Any]
+# Attempts that do not end the compaction a check follows: a turn-away by a live lease (the
+# holder may be the one lost) and an interruption (its worker stopped).
+UNFINISHED = (Reason.IN_PROGRESS, Reason.INTERRUPTED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,20 +80,26 @@ class Schedule(Enum):
     NOW = "now"  # compacted in this process once the append has committed
 
 
-def compaction_due(conversation: Conversation) -> tuple[bool, bool]:
-    """From the row's counters alone: whether the context reaches its trigger or exceeds its
-    ceiling, and whether it exceeds the ceiling. The message count takes a summary in the
-    context whenever a message left it (archived, or a replaced system prompt): at worst a
-    task that finds the trigger not reached; and the facts block, when there is one. The
-    tokens count both (``active_tokens``)."""
+def compaction_due(conversation: Conversation) -> bool:
+    """Whether the conversation has compaction work to do, from the row's counters alone:
+    its context reaches its trigger or exceeds its ceiling. What an append decides to
+    enqueue by, and what a compaction task, its deferred check and ``ctxsum_compact --due``
+    look at before anything else. The message count takes a summary in the context whenever
+    a message left it (archived, or a replaced system prompt): at worst a task that finds
+    the trigger not reached; and the facts block, when there is one. The tokens count both
+    (``active_tokens``)."""
     policy = conversation_policy(conversation)
     count = conversation.active_message_count
     count += conversation.message_count > conversation.active_message_count
     count += conversation.facts_tokens > 0
-    tokens = conversation.context_tokens
-    ceiling = policy.max_context_tokens
-    over_ceiling = ceiling is not None and tokens > ceiling
-    return policy.over(count, tokens), over_ceiling
+    return policy.over(count, conversation.context_tokens)
+
+
+def over_ceiling(conversation: Conversation) -> bool:
+    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS: compacted
+    in the appending process rather than by a task."""
+    ceiling = conversation_policy(conversation).max_context_tokens
+    return ceiling is not None and conversation.context_tokens > ceiling
 
 
 def autocompact_schedule(locked: Conversation) -> Schedule:
@@ -93,10 +109,9 @@ def autocompact_schedule(locked: Conversation) -> Schedule:
     rolls back) enqueues nothing."""
     if not ctxsum_settings.AUTO_COMPACT:
         return Schedule.OFF
-    due, over_ceiling = compaction_due(locked)
-    if not due:
+    if not compaction_due(locked):
         return Schedule.BELOW
-    if over_ceiling or ctxsum_settings.COMPACTION_RUNNER == SYNC:
+    if over_ceiling(locked) or ctxsum_settings.COMPACTION_RUNNER == SYNC:
         return Schedule.NOW
     db = locked._state.db or write_db(locked)
     transaction.on_commit(partial(_enqueue, str(locked.pk), db), using=db)
@@ -140,29 +155,72 @@ def conversation_autocompact(
     return _autocompact(conversation)
 
 
-def conversation_compact_queued(*, conversation_id: str, database: str) -> AutoCompaction:
-    """What a compaction task runs: compact the conversation if it still reaches its trigger.
+def conversation_compact_queued(
+    *, conversation_id: str, database: str, since: str | None = None, defer: Defer | None = None
+) -> AutoCompaction:
+    """What a compaction task runs: compact the conversation if it has work due.
 
     Cheap when there is nothing to do: one read of the row answers ``below_trigger`` (an
-    earlier task compacted already) or ``in_progress`` (another worker holds the lease; the
-    duplicate collapses into it, and no attempt is recorded). Otherwise
-    ``conversation_compact`` runs with its lease and compare-and-commit. A failed summarizer
-    call is recorded as a failed attempt and raised, so the task engine marks the task
-    failed; it is not retried (the next append that reaches the trigger enqueues again).
+    earlier task compacted already). While another worker holds a live lease, the task
+    answers ``in_progress`` (no call, no attempt) and, given ``defer``, runs again once that
+    lease expires: work held by a worker that was killed, or left over by the holder, is
+    done then rather than dropped. Before compacting, the task defers its own check to one
+    lease time later (``since``: when this compaction started), which compacts again only
+    if this one recorded no outcome by then: its worker was lost (killed, or interrupted);
+    otherwise the check answers that outcome's reason, with ``detail`` saying so.
+    ``defer(conversation_id, database, run_after, since)`` enqueues the task to run at
+    ``run_after``; without it (a project's own runner, ``ctxsum_compact --due``) nothing is
+    deferred. A failed summarizer call is recorded as a failed attempt and raised, so the
+    task engine marks the task failed; it is not retried (its check finds the attempt).
     """
     try:
         conversation = Conversation.objects.using(database).get(pk=conversation_id)
     except Conversation.DoesNotExist:
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
-    due, _over_ceiling = compaction_due(conversation)
-    if not due:
+    if not compaction_due(conversation):
         return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
-    if lease_held(conversation):
+    ended = _outcome_since(conversation, since, db=database) if since else None
+    if ended is not None:
+        return AutoCompaction(compacted=False, reason=ended, detail=str(CHECKED))
+    expires = lease_expires(conversation)
+    if expires is not None and expires > timezone.now():
+        _defer(defer, conversation_id, database, expires, since)
         return AutoCompaction(compacted=False, reason=Reason.IN_PROGRESS)
+    started = timezone.now()
+    check_at = started + timedelta(seconds=lease_seconds())
+    _defer(defer, conversation_id, database, check_at, started.isoformat())
     try:
         return _compact_rounds(conversation)
     except Conversation.DoesNotExist:
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
+
+
+def _outcome_since(conversation: Conversation, since: str, *, db: str) -> Reason | None:
+    """The reason of the newest attempt recorded since ``since`` that says a compaction
+    ended (anything but a turn-away by a lease, or an interruption); None when there is
+    none: the compaction that started then was lost with its worker."""
+    reason = (
+        CompactionAttempt.objects.using(db)
+        .filter(conversation=conversation, created_at__gte=datetime.fromisoformat(since))
+        .exclude(reason__in=UNFINISHED)
+        .order_by("-id")
+        .values_list("reason", flat=True)
+        .first()
+    )
+    return Reason(reason) if reason is not None else None
+
+
+def _defer(
+    defer: Defer | None, conversation_id: str, database: str, run_after: datetime, since: str | None
+) -> None:
+    """Have the task run again at ``run_after``. A failure is logged: the compaction goes on
+    unguarded, and the next append over the trigger enqueues again."""
+    if defer is None:
+        return
+    try:
+        defer(conversation_id, database, run_after, since)
+    except Exception:
+        logger.exception("Could not defer the compaction of conversation %s.", conversation_id)
 
 
 def _compact_rounds(conversation: Conversation) -> AutoCompaction:

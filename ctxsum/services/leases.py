@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import Q
 from django.utils import timezone
@@ -56,11 +56,18 @@ def lease_take(conversation: Conversation, *, db: str) -> str | None:
     return None
 
 
+def lease_expires(conversation: Conversation) -> datetime | None:
+    """When the lease ``conversation`` shows, as read, is abandoned unless renewed; None
+    when it shows none."""
+    if not conversation.lease_owner or conversation.leased_at is None:
+        return None
+    return conversation.leased_at + timedelta(seconds=lease_seconds())
+
+
 def lease_held(conversation: Conversation) -> bool:
     """Whether ``conversation``, as read, shows a live lease: another worker is summarizing."""
-    if not conversation.lease_owner or conversation.leased_at is None:
-        return False
-    return conversation.leased_at > timezone.now() - timedelta(seconds=lease_seconds())
+    expires = lease_expires(conversation)
+    return expires is not None and expires > timezone.now()
 
 
 def lease_renew(conversation: Conversation, token: str, *, db: str) -> None:
