@@ -6,7 +6,10 @@ append commits (``COMPACTION_RUNNER``: Django's tasks framework, Celery, or a ca
 the project's), or, for a context over ``MAX_CONTEXT_TOKENS`` (or with the ``sync`` runner),
 a compaction in the appending process right after the commit. Never inside the append's
 transaction: the summarizer call must not run while its row lock is held, and its failure
-must never undo the append. docs/architecture.md, "Background compaction".
+must never undo the append. ``compaction_due`` is the one decision of whether a conversation
+has compaction work to do; ``conversation_compact_queued``, what the task runs, defers runs
+of itself so that a compaction lost with its worker is done all the same.
+docs/architecture.md, "Background compaction".
 """
 
 from __future__ import annotations
