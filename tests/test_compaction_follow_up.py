@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from ctxsum.models import CompactionAttempt, Conversation, Summary
 from ctxsum.policy import Reason
-from ctxsum.services import conversation_create
+from ctxsum.services import conversation_create, conversation_update
 from ctxsum.services.autocompact import CHECKED, compaction_due
 from ctxsum.services.leases import lease_take
 from tests.factories import OFFLINE_SUMMARIZER, long_user_message, system_message
@@ -118,15 +118,26 @@ def test_a_task_that_compacts_first_defers_its_check_by_one_lease_time(user):
     assert reasons(conversation) == [Reason.COMPACTED]
 
 
-@pytest.mark.parametrize("left", [None, Reason.INTERRUPTED, Reason.IN_PROGRESS])
-def test_a_check_after_a_compaction_lost_with_its_worker_compacts(user, left):
-    """No outcome since the compaction started (killed), or only an interruption, or a
-    turn-away by the lost worker's lease: the check does the work."""
+@pytest.mark.parametrize(
+    ("lease_left", "recorded"),
+    [
+        (True, None),  # killed: its lease left behind, nothing recorded
+        (True, Reason.IN_PROGRESS),  # and another compaction turned away by that lease
+        (False, Reason.INTERRUPTED),  # stopped inside the call: lease released, recorded
+        (True, Reason.INTERRUPTED),  # the same, on a database that refused the release
+    ],
+)
+def test_a_check_after_a_compaction_lost_with_its_worker_compacts(user, lease_left, recorded):
+    """The compaction the check follows was lost: the check does its work."""
     conversation = due_conversation(user)
     taken = lose_lease(conversation)
     since = (taken - timedelta(milliseconds=5)).isoformat()
-    if left is not None:
-        CompactionAttempt.objects.create(conversation=conversation, outcome="failed", reason=left)
+    if not lease_left:
+        Conversation.objects.filter(pk=conversation.pk).update(lease_owner="", leased_at=None)
+    if recorded is not None:
+        CompactionAttempt.objects.create(
+            conversation=conversation, outcome="failed", reason=recorded
+        )
 
     ran = run(str(conversation.pk), "default", since)
 
@@ -161,6 +172,25 @@ def test_a_check_after_a_compaction_that_recorded_its_outcome_does_nothing(user,
     assert queued() == []
     assert not Summary.objects.filter(conversation=conversation).exists()
     assert reasons(conversation) == [recorded]
+
+
+def test_a_check_after_a_compaction_that_found_nothing_to_do_ends_the_chain(user):
+    """The row's counters said due, the plan said below the trigger (a replaced system
+    prompt counts as a summary would): no lease taken, nothing recorded. Its check ends
+    there, deferring nothing: no chain of checks for a conversation that stays so."""
+    conversation = conversation_create(
+        owner=user, system="You book trips.", messages=HISTORY[:3], **POLICY
+    )
+    conversation_update(conversation=conversation, system="You book trains.")
+    assert compaction_due(conversation)
+
+    assert run(str(conversation.pk), "default")["reason"] == Reason.BELOW_TRIGGER
+    [check] = queued()
+    checked = run(*check.args)
+
+    assert (checked["reason"], checked["detail"]) == (Reason.BELOW_TRIGGER, str(CHECKED))
+    assert queued() == []
+    assert reasons(conversation) == []
 
 
 def test_a_task_that_finds_a_live_lease_runs_again_when_it_expires(user):
@@ -255,3 +285,22 @@ def test_ctxsum_compact_due_compacts_what_is_due_and_not_leased(user):
 def test_ctxsum_compact_due_stands_alone(extra):
     with pytest.raises(CommandError):
         compact_due(*extra)
+
+
+def test_celery_defers_with_an_eta_and_not_in_eager_mode(monkeypatch):
+    from types import SimpleNamespace
+
+    from ctxsum import celery_tasks
+
+    sent: list[tuple[Any, Any]] = []
+    conf = SimpleNamespace(task_always_eager=True)
+    task = SimpleNamespace(
+        app=SimpleNamespace(conf=conf), apply_async=lambda args, eta: sent.append((args, eta))
+    )
+    monkeypatch.setattr(celery_tasks, "compact_conversation", task)
+    when = timezone.now() + timedelta(seconds=LEASE_SECONDS)
+    celery_tasks.compaction_defer("c-1", "default", when, None)
+    assert sent == []  # eager: a task runs inside the call, there is no later
+    conf.task_always_eager = False
+    celery_tasks.compaction_defer("c-1", "default", when, "2026-01-01T00:00:00+00:00")
+    assert sent == [(("c-1", "default", "2026-01-01T00:00:00+00:00"), when)]

@@ -169,8 +169,9 @@ def conversation_compact_queued(
     lease expires: work held by a worker that was killed, or left over by the holder, is
     done then rather than dropped. Before compacting, the task defers its own check to one
     lease time later (``since``: when this compaction started), which compacts again only
-    if this one recorded no outcome by then: its worker was lost (killed, or interrupted);
-    otherwise the check answers that outcome's reason, with ``detail`` saying so.
+    if this one was lost with its worker: it left its lease behind (killed) or recorded an
+    interruption, and no outcome since. Otherwise the check answers that outcome's reason
+    (``below_trigger`` when there is none), with ``detail`` saying so.
     ``defer(conversation_id, database, run_after, since)`` enqueues the task to run at
     ``run_after``; without it (a project's own runner, ``ctxsum_compact --due``) nothing is
     deferred. A failed summarizer call is recorded as a failed attempt and raised, so the
@@ -182,9 +183,9 @@ def conversation_compact_queued(
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
     if not compaction_due(conversation):
         return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
-    ended = _outcome_since(conversation, since, db=database) if since else None
-    if ended is not None:
-        return AutoCompaction(compacted=False, reason=ended, detail=str(CHECKED))
+    checked = _check_done(conversation, since, db=database) if since else None
+    if checked is not None:
+        return checked
     expires = lease_expires(conversation)
     if expires is not None and expires > timezone.now():
         _defer(defer, conversation_id, database, expires, since)
@@ -198,19 +199,21 @@ def conversation_compact_queued(
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
 
 
-def _outcome_since(conversation: Conversation, since: str, *, db: str) -> Reason | None:
-    """The reason of the newest attempt recorded since ``since`` that says a compaction
-    ended (anything but a turn-away by a lease, or an interruption); None when there is
-    none: the compaction that started then was lost with its worker."""
-    reason = (
-        CompactionAttempt.objects.using(db)
-        .filter(conversation=conversation, created_at__gte=datetime.fromisoformat(since))
-        .exclude(reason__in=UNFINISHED)
-        .order_by("-id")
-        .values_list("reason", flat=True)
-        .first()
+def _check_done(conversation: Conversation, since: str, *, db: str) -> AutoCompaction | None:
+    """What a check answers when the compaction that started at ``since`` was not lost: the
+    reason of the newest attempt that ended it (anything but an interruption or a turn-away
+    by a lease), or ``below_trigger`` when it recorded nothing and left no lease (its plan
+    found the trigger not reached). None when it was lost: it left its lease behind (its
+    worker was killed) or recorded an interruption; the check then compacts."""
+    attempts = CompactionAttempt.objects.using(db).filter(
+        conversation=conversation, created_at__gte=datetime.fromisoformat(since)
     )
-    return Reason(reason) if reason is not None else None
+    ended = attempts.exclude(reason__in=UNFINISHED).order_by("-id").values_list("reason").first()
+    if ended is not None:
+        return AutoCompaction(compacted=False, reason=Reason(ended[0]), detail=str(CHECKED))
+    if conversation.lease_owner or attempts.filter(reason=Reason.INTERRUPTED).exists():
+        return None
+    return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER, detail=str(CHECKED))
 
 
 def _defer(
