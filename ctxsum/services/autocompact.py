@@ -39,8 +39,9 @@ from ctxsum.services.transactions import write_db
 logger = logging.getLogger("ctxsum.compaction")
 
 DELETED = _("The conversation was deleted.")
+# What a task's deferred check answers when the compaction it follows was not lost.
+CHECKED = _("The compaction this check follows was not lost: nothing to do.")
 # The provider's own words go to the attempt record and the log, not to the client.
-CHECKED = _("The compaction this check follows recorded its outcome: nothing to do.")
 SUMMARIZER_FAILED = _("The summarizer failed; the compaction attempt records why.")
 # The runners COMPACTION_RUNNER names by a word; anything else is a dotted path.
 RUNNERS = {
