@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -285,4 +286,81 @@ def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fa
     conversation.refresh_from_db()
     assert conversation.lease_owner == "" and conversation.leased_at is None
     assert Message.objects.filter(conversation=conversation).count() == 1 + len(HISTORY)
+    assert_context_invariants(conversation, original_messages=[SYSTEM, *HISTORY])
+
+
+def watch(worker: subprocess.Popen[str], text: str) -> tuple[threading.Event, list[str]]:
+    """An event set once ``worker`` prints a line containing ``text``, and every line it
+    printed (read on a thread of its own, so the test never blocks on the pipe)."""
+    seen, lines = threading.Event(), []
+
+    def read() -> None:
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            lines.append(line)
+            if text in line:
+                seen.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return seen, lines
+
+
+def test_a_db_worker_stopped_twice_mid_call_records_interrupted_and_is_retried(
+    user, fake, settings
+):
+    """A second SIGTERM makes db_worker exit inside the task (SystemExit in the summarizer
+    call): the lease is given back, the attempt is recorded as interrupted, the task is
+    marked failed, and the check the task deferred compacts once its time has come."""
+    from django_tasks_db.models import DBTaskResult
+
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "tasks"}
+    settings.TASKS = DATABASE_TASKS
+    conversation = conversation_create(
+        owner=user,
+        system=SYSTEM["content"],
+        messages=HISTORY[:4],
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
+    message_append(conversation=conversation, messages=HISTORY[4:])
+    before = counters(conversation)
+
+    first = start_db_worker(fake)
+    try:
+        stopping, lines = watch(first, "shutting down gracefully")
+        assert fake.wait_for_in_flight(1, timeout=30), "the worker never called the summarizer"
+        first.send_signal(signal.SIGTERM)  # the first lets the task finish...
+        assert stopping.wait(timeout=10), "".join(lines)
+        first.send_signal(signal.SIGTERM)  # ...the second stops it inside the call
+        first.wait(timeout=15)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=10)
+
+    stopped = DBTaskResult.objects.get(status="FAILED")
+    assert stopped.exception_class_path == "builtins.SystemExit", "".join(lines)
+    conversation.refresh_from_db()
+    assert (conversation.lease_owner, conversation.leased_at) == ("", None)
+    assert counters(conversation) == before
+    attempt = CompactionAttempt.objects.get(conversation=conversation)
+    assert (attempt.outcome, attempt.reason) == ("failed", Reason.INTERRUPTED)
+    assert attempt.error.startswith("SystemExit")
+    check = DBTaskResult.objects.get(status="READY")
+    assert check.run_after > stopped.started_at
+
+    fake.release()
+    second = start_db_worker(fake)
+    try:
+
+        def compacted() -> bool:
+            return Summary.objects.filter(conversation=conversation, active=True).exists()
+
+        retried = wait_until(compacted, timeout=3 * LEASE_SECONDS)
+        assert retried, "the interrupted compaction was not retried"
+    finally:
+        output = stop_db_worker(second)
+    assert timezone.now() >= check.run_after
+    reasons = CompactionAttempt.objects.filter(conversation=conversation).order_by("id")
+    assert list(reasons.values_list("reason", flat=True)) == ["interrupted", "compacted"], output
     assert_context_invariants(conversation, original_messages=[SYSTEM, *HISTORY])
