@@ -166,7 +166,7 @@ def test_an_unusable_database_is_logged_not_raised_over_the_interruption(
 
     messages = [record.getMessage() for record in caplog.records]
     assert any("Could not release the lease" in message for message in messages), messages
-    assert any("Could not record the failure" in message for message in messages), messages
+    assert any("Could not record the interruption" in message for message in messages), messages
     assert not CompactionAttempt.objects.exists()
     assert failures == []
     conversation.refresh_from_db()

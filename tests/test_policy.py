@@ -630,6 +630,7 @@ def test_reason_values_are_stable() -> None:
         "summarizer_error",
         "summary_truncated",
         "error",
+        "interrupted",
     }
     assert Reason.COMPACTED == "compacted"
 

@@ -109,13 +109,13 @@ def leased(
 
     A body that ends without raising leaves the lease as its commit left it: released in
     the same write. One that raises gives the lease up and tells ``failed`` of the error
-    (unless it is WriteNothing: a conflict, no gain), then the error goes on. That holds for
-    any exit, an exception that is not an ``Exception`` included (KeyboardInterrupt,
-    SystemExit, a worker's timeout, a cancellation: ``failed`` records it as
-    ``interrupted``). A release or a record that fails itself (the database is unusable) is
-    logged, never raised in place of the error that ended the body. An error taking the
-    lease, or Conversation.DoesNotExist from the body (deleted meanwhile), goes on
-    untouched: nothing to release, nothing to record.
+    (unless it is WriteNothing: a conflict, no gain), then the error goes on. So does one
+    stopped by what is not an ``Exception`` (KeyboardInterrupt, SystemExit, a worker's
+    timeout, a cancellation: ``failed`` records it as ``interrupted``), which must go on as
+    it came: a release or a record that fails then (the database went away with the worker)
+    is logged, never raised in its place. An error taking the lease, or
+    Conversation.DoesNotExist from the body (deleted meanwhile), goes on untouched: nothing
+    to release, nothing to record.
     """
     token = lease_take(conversation, db=db)
     if token is None:
@@ -128,43 +128,46 @@ def leased(
     except WriteNothing:
         lease_release(conversation, token, db=db)
         raise
-    except BaseException as error:
-        _give_up(conversation, token, db=db, failed=failed, error=error)
+    except Exception as error:
+        lease_release(conversation, token, db=db)
+        if failed is not None:
+            failed(error)
+        raise
+    except BaseException as interruption:
+        _interrupted(conversation, token, db=db, failed=failed, interruption=interruption)
         raise
 
 
-def _give_up(
+def _interrupted(
     conversation: Conversation,
     token: str,
     *,
     db: str,
     failed: Callable[[BaseException], None] | None,
-    error: BaseException,
+    interruption: BaseException,
 ) -> None:
-    """Release the lease and record ``error`` after a body that raised it. Neither may
-    replace ``error`` (but for a conversation deleted meanwhile, which a failure reports):
-    a failure of either is logged, and a lease left held frees once abandoned."""
+    """Release the lease and record ``interruption``, neither of which may replace it: a
+    SystemExit turned into a DatabaseError would keep a worker that was told to stop
+    running. What fails is logged; a lease left held frees once abandoned."""
+    name = type(interruption).__name__
     try:
         lease_release(conversation, token, db=db)
     except Exception:
         logger.exception(
             "Could not release the lease on conversation %s after %s; it frees in %s s.",
             conversation.pk,
-            type(error).__name__,
+            name,
             lease_seconds(),
         )
     if failed is None:
         return
     try:
-        failed(error)
+        failed(interruption)
     except Conversation.DoesNotExist:
-        # Deleted meanwhile: nothing to record. A failure says so instead (a 404 where it
-        # would have been a 502, as before); an interruption goes on as it came.
-        if isinstance(error, Exception):
-            raise
+        pass  # deleted meanwhile: nothing to record
     except Exception:
         logger.exception(
-            "Could not record the failure (%s) of conversation %s's compaction.",
-            type(error).__name__,
+            "Could not record the interruption (%s) of work on conversation %s.",
+            name,
             conversation.pk,
         )
