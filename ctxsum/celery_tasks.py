@@ -3,11 +3,14 @@ framework: ``CTXSUM["COMPACTION_RUNNER"] = "celery"``.
 
 Celery is not a dependency of ctxsum: install it yourself, and have your Celery workers
 import this module (``app.autodiscover_tasks(["ctxsum"], related_name="celery_tasks")``, or
-Celery's ``imports`` setting), so they know the task by its name.
+Celery's ``imports`` setting), so they know the task by its name. The task defers its own
+check with an ``eta`` (``compaction_defer``), which retries a compaction lost with its
+worker, as the tasks framework's runner does with ``run_after``.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from celery import shared_task
@@ -16,11 +19,26 @@ from ctxsum.services.autocompact import conversation_compact_queued
 
 
 @shared_task(name="ctxsum.compact_conversation")  # type: ignore[untyped-decorator]
-def compact_conversation(conversation_id: str, database: str) -> dict[str, Any]:
-    """Compact a conversation that reached its trigger (AUTO_COMPACT's background task)."""
-    return conversation_compact_queued(conversation_id=conversation_id, database=database).as_json()
+def compact_conversation(
+    conversation_id: str, database: str, since: str | None = None
+) -> dict[str, Any]:
+    """Compact a conversation that reached its trigger (AUTO_COMPACT's background task);
+    with ``since``, the deferred check of a compaction that started then."""
+    return conversation_compact_queued(
+        conversation_id=conversation_id, database=database, since=since, defer=compaction_defer
+    ).as_json()
 
 
 def compaction_enqueue(conversation_id: str, database: str) -> None:
     """Send ``compact_conversation`` to the Celery broker."""
     compact_conversation.delay(conversation_id, database)
+
+
+def compaction_defer(
+    conversation_id: str, database: str, run_after: datetime, since: str | None
+) -> None:
+    """Send ``compact_conversation`` to run at ``run_after`` (an eta). In eager mode, where
+    a task runs inside the call and an eta means nothing, none is sent."""
+    if compact_conversation.app.conf.task_always_eager:
+        return
+    compact_conversation.apply_async((conversation_id, database, since), eta=run_after)

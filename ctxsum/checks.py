@@ -288,7 +288,30 @@ def _runner_errors() -> list[CheckMessage]:
     if not callable(enqueue):
         message = f"CTXSUM['COMPACTION_RUNNER'] ({runner!r}) is not callable."
         return [Error(message, id="ctxsum.E020")]
-    return []
+    return _defer_warnings() if runner == "tasks" else []
+
+
+def _defer_warnings() -> list[CheckMessage]:
+    """W006: the "tasks" runner on a backend that cannot defer a task (``run_after``), so
+    the check that retries a compaction lost with its worker is never enqueued. The
+    immediate backend is exempt: it runs the compaction in the appending process."""
+    from ctxsum.tasks import compact_conversation
+
+    try:
+        backend = compact_conversation.get_backend()
+    except Exception:  # a TASKS setting the tasks framework's own checks report
+        return []
+    if backend.supports_defer or type(backend).__name__ == "ImmediateBackend":
+        return []
+    return [
+        Warning(
+            f"The task backend {type(backend).__name__} cannot defer a task (run_after): a "
+            "background compaction lost with its worker (killed mid-call) is not retried.",
+            hint="Use django_tasks_db.DatabaseBackend, whose db_worker runs deferred tasks, "
+            "or run `manage.py ctxsum_compact --due` on a schedule.",
+            id="ctxsum.W006",
+        )
+    ]
 
 
 def _summarizer_errors() -> list[CheckMessage]:

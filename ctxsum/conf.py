@@ -80,7 +80,9 @@ DEFAULTS: dict[str, Any] = {
     # What runs an automatic compaction: "tasks" (Django's tasks framework, the task
     # ctxsum.tasks.compact_conversation on the TASKS backend), "celery" (the Celery task in
     # ctxsum.celery_tasks), "sync" (the appending process, right after the commit), or the
-    # dotted path of a callable(conversation_id: str, database: str) that enqueues it.
+    # dotted path of a callable(conversation_id: str, database: str) that enqueues it. The
+    # "tasks" and "celery" tasks defer a check of themselves that retries a compaction lost
+    # with its worker; a callable of your own defers nothing: schedule ctxsum_compact --due.
     "COMPACTION_RUNNER": "tasks",
     # Seconds a compaction lease holds without renewal (it is renewed before every
     # summarizer call); then another worker may take it over. None: SUMMARY_TIMEOUT + 5.

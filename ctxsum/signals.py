@@ -6,7 +6,8 @@ from django.dispatch import Signal
 messages_appended = Signal()
 # sender=Conversation; conversation=, summary=Summary, attempt=CompactionAttempt
 summary_created = Signal()
-# sender=Conversation; conversation=, attempt=CompactionAttempt, error=Exception
+# sender=Conversation; conversation=, attempt=CompactionAttempt, error=the exception raised
+# (not an Exception when the worker was interrupted: KeyboardInterrupt, SystemExit, …)
 compaction_failed = Signal()
 # sender=Conversation; conversation=, summary=the reverted Summary, restored=the Summary
 # active again (None: none), attempt=CompactionAttempt

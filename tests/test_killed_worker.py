@@ -3,7 +3,10 @@
 A separate process (the example project's settings, the test database, the openai backend
 pointed at the local fake server) takes the lease and is held in the summarizer call; the
 test SIGKILLs it there. The lease then stays until the lease time has passed, nothing else
-has changed, and the next compaction after the lease time takes over and compacts.
+has changed, and the next compaction after the lease time takes over and compacts. When
+that process is a ``db_worker`` running a background compaction, nobody has to ask again:
+the check its task deferred before the call has a second worker compact within one lease
+time, with no new append.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -24,12 +28,12 @@ from django.utils import timezone
 
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
-from ctxsum.services import conversation_create
+from ctxsum.services import conversation_create, message_append
 from ctxsum.services.compaction import conversation_compact
 from tests.factories import long_user_message, system_message
 from tests.invariants import assert_context_invariants
 from tests.openai_server import FakeOpenAI
-from tests.postgres import POSTGRES, held_openai
+from tests.postgres import POSTGRES, held_openai, wait_until
 
 pytestmark = POSTGRES
 
@@ -171,4 +175,192 @@ def test_a_worker_killed_during_the_call_leaves_a_lease_that_expires(user, fake)
         CompactionAttempt.objects.filter(conversation=conversation).values_list("outcome", "reason")
     )
     assert outcomes == {("skipped", "in_progress"), ("compacted", "compacted")}
+    assert_context_invariants(conversation, original_messages=[SYSTEM, *HISTORY])
+
+
+# A db_worker killed mid-call: its task is lost with it, and its check is not.
+DATABASE_TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+WORKER = ["manage.py", "db_worker", "--interval", "0.05", "--no-startup-delay", "--no-reload"]
+
+
+def start_db_worker(fake: FakeOpenAI) -> subprocess.Popen[str]:
+    env = {**child_env(fake), "CTXSUM_LOG_LEVEL": "WARNING"}
+    return subprocess.Popen(
+        [sys.executable, *WORKER],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop_db_worker(worker: subprocess.Popen[str], how: signal.Signals = signal.SIGTERM) -> str:
+    if worker.poll() is None:
+        worker.send_signal(how)
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(timeout=10)
+    output = worker.stdout.read() if worker.stdout else ""
+    if worker.stdout:
+        worker.stdout.close()
+    return output
+
+
+def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fake, settings):
+    from django_tasks_db.models import DBTaskResult
+
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "tasks"}
+    settings.TASKS = DATABASE_TASKS
+    conversation = conversation_create(
+        owner=user,
+        system=SYSTEM["content"],
+        messages=HISTORY[:4],
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
+    answer = message_append(conversation=conversation, messages=HISTORY[4:])
+    assert answer.compaction.reason == Reason.QUEUED
+    before = counters(conversation)
+
+    first = start_db_worker(fake)
+    try:
+        assert fake.wait_for_in_flight(1, timeout=30), "the worker never called the summarizer"
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        stop_db_worker(first, signal.SIGKILL)
+
+    # Killed mid-call: its task stays marked running, its lease stays, nothing else moved;
+    # the check its task deferred before the call waits for the lease's expiry.
+    conversation.refresh_from_db()
+    assert conversation.lease_owner and conversation.leased_at is not None
+    expires = conversation.leased_at + timedelta(seconds=LEASE_SECONDS)
+    lost = DBTaskResult.objects.get(status="RUNNING")
+    check = DBTaskResult.objects.get(status="READY")
+    assert lost.args_kwargs["args"] == [str(conversation.pk), "default"]
+    assert check.args_kwargs["args"][:2] == [str(conversation.pk), "default"]
+    assert lost.started_at < check.run_after <= expires
+    assert counters(conversation) == before
+    assert not CompactionAttempt.objects.filter(conversation=conversation).exists()
+    assert not Summary.objects.filter(conversation=conversation).exists()
+
+    # A second worker, and no new append: the compaction is done once the lease expires.
+    fake.release()
+    second = start_db_worker(fake)
+    try:
+
+        def compacted() -> bool:
+            return Summary.objects.filter(conversation=conversation, active=True).exists()
+
+        retried = wait_until(compacted, timeout=3 * LEASE_SECONDS)
+        assert retried, "the lost compaction was not retried"
+        attempt = CompactionAttempt.objects.get(conversation=conversation)
+        assert (attempt.outcome, attempt.reason) == ("compacted", Reason.COMPACTED)
+        assert expires <= attempt.created_at < expires + timedelta(seconds=LEASE_SECONDS)
+
+        # Its own check follows one lease time later, finds nothing due, and the chain ends.
+        def settled() -> bool:
+            pending = DBTaskResult.objects.exclude(pk=lost.pk).exclude(status="SUCCESSFUL")
+            return not pending.exists()
+
+        assert wait_until(settled, timeout=3 * LEASE_SECONDS), "a deferred check never ran"
+    finally:
+        output = stop_db_worker(second)
+
+    assert len(fake.requests) == 2, output
+    # Only the killed worker's task is left running. The check compacted, unless it ran in
+    # the moment between its run_after and the lease's expiry (taken just after it was
+    # deferred): then it ran again at the expiry. The compaction's own check found nothing.
+    check.refresh_from_db()
+    assert check.status == "SUCCESSFUL", output
+    assert check.return_value["reason"] in ("compacted", "in_progress")
+    rows = DBTaskResult.objects.exclude(pk=lost.pk)
+    assert set(rows.values_list("status", flat=True)) == {"SUCCESSFUL"}, output
+    returned = [row.return_value["reason"] for row in rows.order_by("run_after")]
+    assert returned.count("compacted") == 1 and returned[-1] == "below_trigger", returned
+    assert set(returned) <= {"compacted", "in_progress", "below_trigger"}, returned
+    assert DBTaskResult.objects.get(pk=lost.pk).status == "RUNNING"
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "" and conversation.leased_at is None
+    assert Message.objects.filter(conversation=conversation).count() == 1 + len(HISTORY)
+    assert_context_invariants(conversation, original_messages=[SYSTEM, *HISTORY])
+
+
+def watch(worker: subprocess.Popen[str], text: str) -> tuple[threading.Event, list[str]]:
+    """An event set once ``worker`` prints a line containing ``text``, and every line it
+    printed (read on a thread of its own, so the test never blocks on the pipe)."""
+    seen, lines = threading.Event(), []
+
+    def read() -> None:
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            lines.append(line)
+            if text in line:
+                seen.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return seen, lines
+
+
+def test_a_db_worker_stopped_twice_mid_call_records_interrupted_and_is_retried(
+    user, fake, settings
+):
+    """A second SIGTERM makes db_worker exit inside the task (SystemExit in the summarizer
+    call): the lease is given back, the attempt is recorded as interrupted, the task is
+    marked failed, and the check the task deferred compacts once its time has come."""
+    from django_tasks_db.models import DBTaskResult
+
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "tasks"}
+    settings.TASKS = DATABASE_TASKS
+    conversation = conversation_create(
+        owner=user,
+        system=SYSTEM["content"],
+        messages=HISTORY[:4],
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
+    message_append(conversation=conversation, messages=HISTORY[4:])
+    before = counters(conversation)
+
+    first = start_db_worker(fake)
+    try:
+        stopping, lines = watch(first, "shutting down gracefully")
+        assert fake.wait_for_in_flight(1, timeout=30), "the worker never called the summarizer"
+        first.send_signal(signal.SIGTERM)  # the first lets the task finish...
+        assert stopping.wait(timeout=10), "".join(lines)
+        first.send_signal(signal.SIGTERM)  # ...the second stops it inside the call
+        first.wait(timeout=15)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=10)
+
+    stopped = DBTaskResult.objects.get(status="FAILED")
+    assert stopped.exception_class_path == "builtins.SystemExit", "".join(lines)
+    conversation.refresh_from_db()
+    assert (conversation.lease_owner, conversation.leased_at) == ("", None)
+    assert counters(conversation) == before
+    attempt = CompactionAttempt.objects.get(conversation=conversation)
+    assert (attempt.outcome, attempt.reason) == ("failed", Reason.INTERRUPTED)
+    assert attempt.error.startswith("SystemExit")
+    check = DBTaskResult.objects.get(status="READY")
+    assert check.run_after > stopped.started_at
+
+    fake.release()
+    second = start_db_worker(fake)
+    try:
+
+        def compacted() -> bool:
+            return Summary.objects.filter(conversation=conversation, active=True).exists()
+
+        retried = wait_until(compacted, timeout=3 * LEASE_SECONDS)
+        assert retried, "the interrupted compaction was not retried"
+    finally:
+        output = stop_db_worker(second)
+    assert timezone.now() >= check.run_after
+    reasons = CompactionAttempt.objects.filter(conversation=conversation).order_by("id")
+    assert list(reasons.values_list("reason", flat=True)) == ["interrupted", "compacted"], output
     assert_context_invariants(conversation, original_messages=[SYSTEM, *HISTORY])

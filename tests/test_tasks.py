@@ -22,6 +22,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.checks import run_checks
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from ctxsum import selectors, services
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
@@ -377,6 +379,16 @@ def postgres(test: Any) -> Any:
     return test
 
 
+def unfinished() -> Any:
+    from django_tasks_db.models import DBTaskResult
+
+    return DBTaskResult.objects.exclude(status__in=["SUCCESSFUL", "FAILED"])
+
+
+# run_after of a task enqueued without one (django-tasks-db stores the largest date).
+NOT_DEFERRED = Q(run_after__year=9999)
+
+
 @postgres
 def test_a_db_worker_compacts_while_appends_go_on(user, worker_fake, settings):
     from django_tasks_db.models import DBTaskResult
@@ -404,11 +416,12 @@ def test_a_db_worker_compacts_while_appends_go_on(user, worker_fake, settings):
         assert not Summary.objects.filter(conversation=conversation).exists()
 
         worker_fake.release()
+
         # The first task commits; the tasks queued by the appends during its call collapse
         # into it or compact what arrived meanwhile. Then every task has finished.
         def settled() -> bool:
-            pending = DBTaskResult.objects.exclude(status__in=["SUCCESSFUL", "FAILED"])
-            return not pending.exists()
+            # A compaction's deferred check waits its lease time (services/autocompact.py).
+            return not unfinished().filter(Q(run_after__lte=timezone.now()) | NOT_DEFERRED).exists()
 
         assert wait_until(settled, timeout=60), "the worker left tasks unrun"
         for start in range(12, 16):  # more appends after the compaction
@@ -419,9 +432,15 @@ def test_a_db_worker_compacts_while_appends_go_on(user, worker_fake, settings):
     finally:
         output = stop_worker(worker)
 
-    statuses = set(DBTaskResult.objects.values_list("status", flat=True))
+    statuses = set(
+        DBTaskResult.objects.exclude(pk__in=unfinished()).values_list("status", flat=True)
+    )
     assert statuses == {"SUCCESSFUL"}, output
     assert DBTaskResult.objects.count() >= 2
+    # What is left: checks deferred by the compactions, each with the time it started.
+    for check in unfinished():
+        assert check.status == "READY" and check.run_after > timezone.now()
+        assert len(check.args_kwargs["args"]) == 3
     assert Summary.objects.filter(conversation=conversation).exists()
     conversation.refresh_from_db()
     assert conversation.lease_owner == ""

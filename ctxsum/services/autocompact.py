@@ -6,7 +6,10 @@ append commits (``COMPACTION_RUNNER``: Django's tasks framework, Celery, or a ca
 the project's), or, for a context over ``MAX_CONTEXT_TOKENS`` (or with the ``sync`` runner),
 a compaction in the appending process right after the commit. Never inside the append's
 transaction: the summarizer call must not run while its row lock is held, and its failure
-must never undo the append. docs/architecture.md, "Background compaction".
+must never undo the append. ``compaction_due`` is the one decision of whether a conversation
+has compaction work to do; ``conversation_compact_queued``, what the task runs, defers runs
+of itself so that a compaction lost with its worker is done all the same.
+docs/architecture.md, "Background compaction".
 """
 
 from __future__ import annotations
@@ -14,26 +17,30 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from enum import Enum
 from functools import partial
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 from django.utils.module_loading import import_string
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import SummarizerError
-from ctxsum.models import Conversation
+from ctxsum.models import CompactionAttempt, Conversation
 from ctxsum.policy import Reason
 from ctxsum.selectors import conversation_policy
 from ctxsum.services.compaction import CompactionResult, conversation_compact, failure_reason
-from ctxsum.services.leases import lease_held
+from ctxsum.services.leases import lease_expires, lease_seconds
 from ctxsum.services.transactions import write_db
 
 logger = logging.getLogger("ctxsum.compaction")
 
 DELETED = _("The conversation was deleted.")
+# What a task's deferred check answers when the compaction it follows was not lost.
+CHECKED = _("The compaction this check follows was not lost: nothing to do.")
 # The provider's own words go to the attempt record and the log, not to the client.
 SUMMARIZER_FAILED = _("The summarizer failed; the compaction attempt records why.")
 # The runners COMPACTION_RUNNER names by a word; anything else is a dotted path.
@@ -45,6 +52,13 @@ SYNC = "sync"
 # Compactions one run makes at most: another follows only when messages appended during
 # the summarizer call left the context at its trigger again.
 MAX_ROUNDS = 3
+# A deferred run of the compaction task: ``defer(conversation_id, database, run_after,
+# since)`` enqueues it for ``run_after`` with the task engine's own deferral (a task's
+# run_after, a Celery eta). ``since``: the run is the check of a compaction started then.
+Defer = Callable[[str, str, datetime, "str | None"], Any]
+# Attempts that do not end the compaction a check follows: a turn-away by a live lease (the
+# holder may be the one lost) and an interruption (its worker stopped).
+UNFINISHED = (Reason.IN_PROGRESS, Reason.INTERRUPTED)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,20 +84,26 @@ class Schedule(Enum):
     NOW = "now"  # compacted in this process once the append has committed
 
 
-def compaction_due(conversation: Conversation) -> tuple[bool, bool]:
-    """From the row's counters alone: whether the context reaches its trigger or exceeds its
-    ceiling, and whether it exceeds the ceiling. The message count takes a summary in the
-    context whenever a message left it (archived, or a replaced system prompt): at worst a
-    task that finds the trigger not reached; and the facts block, when there is one. The
-    tokens count both (``active_tokens``)."""
+def compaction_due(conversation: Conversation) -> bool:
+    """Whether the conversation has compaction work to do, from the row's counters alone:
+    its context reaches its trigger or exceeds its ceiling. What an append decides to
+    enqueue by, and what a compaction task, its deferred check and ``ctxsum_compact --due``
+    look at before anything else. The message count takes a summary in the context whenever
+    a message left it (archived, or a replaced system prompt): at worst a task that finds
+    the trigger not reached; and the facts block, when there is one. The tokens count both
+    (``active_tokens``)."""
     policy = conversation_policy(conversation)
     count = conversation.active_message_count
     count += conversation.message_count > conversation.active_message_count
     count += conversation.facts_tokens > 0
-    tokens = conversation.context_tokens
-    ceiling = policy.max_context_tokens
-    over_ceiling = ceiling is not None and tokens > ceiling
-    return policy.over(count, tokens), over_ceiling
+    return policy.over(count, conversation.context_tokens)
+
+
+def over_ceiling(conversation: Conversation) -> bool:
+    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS: compacted
+    in the appending process rather than by a task."""
+    ceiling = conversation_policy(conversation).max_context_tokens
+    return ceiling is not None and conversation.context_tokens > ceiling
 
 
 def autocompact_schedule(locked: Conversation) -> Schedule:
@@ -93,10 +113,9 @@ def autocompact_schedule(locked: Conversation) -> Schedule:
     rolls back) enqueues nothing."""
     if not ctxsum_settings.AUTO_COMPACT:
         return Schedule.OFF
-    due, over_ceiling = compaction_due(locked)
-    if not due:
+    if not compaction_due(locked):
         return Schedule.BELOW
-    if over_ceiling or ctxsum_settings.COMPACTION_RUNNER == SYNC:
+    if over_ceiling(locked) or ctxsum_settings.COMPACTION_RUNNER == SYNC:
         return Schedule.NOW
     db = locked._state.db or write_db(locked)
     transaction.on_commit(partial(_enqueue, str(locked.pk), db), using=db)
@@ -140,29 +159,75 @@ def conversation_autocompact(
     return _autocompact(conversation)
 
 
-def conversation_compact_queued(*, conversation_id: str, database: str) -> AutoCompaction:
-    """What a compaction task runs: compact the conversation if it still reaches its trigger.
+def conversation_compact_queued(
+    *, conversation_id: str, database: str, since: str | None = None, defer: Defer | None = None
+) -> AutoCompaction:
+    """What a compaction task runs: compact the conversation if it has work due.
 
     Cheap when there is nothing to do: one read of the row answers ``below_trigger`` (an
-    earlier task compacted already) or ``in_progress`` (another worker holds the lease; the
-    duplicate collapses into it, and no attempt is recorded). Otherwise
-    ``conversation_compact`` runs with its lease and compare-and-commit. A failed summarizer
-    call is recorded as a failed attempt and raised, so the task engine marks the task
-    failed; it is not retried (the next append that reaches the trigger enqueues again).
+    earlier task compacted already). While another worker holds a live lease, the task
+    answers ``in_progress`` (no call, no attempt) and, given ``defer``, runs again once that
+    lease expires: work held by a worker that was killed, or left over by the holder, is
+    done then rather than dropped. Before compacting, the task defers its own check to one
+    lease time later (``since``: when this compaction started), which compacts again only
+    if this one was lost with its worker: it left its lease behind (killed) or recorded an
+    interruption, and no outcome since. Otherwise the check answers that outcome's reason
+    (``below_trigger`` when there is none), with ``detail`` saying so.
+    ``defer(conversation_id, database, run_after, since)`` enqueues the task to run at
+    ``run_after``; without it (a project's own runner, ``ctxsum_compact --due``) nothing is
+    deferred. A failed summarizer call is recorded as a failed attempt and raised, so the
+    task engine marks the task failed; it is not retried (its check finds the attempt).
     """
     try:
         conversation = Conversation.objects.using(database).get(pk=conversation_id)
     except Conversation.DoesNotExist:
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
-    due, _over_ceiling = compaction_due(conversation)
-    if not due:
+    if not compaction_due(conversation):
         return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
-    if lease_held(conversation):
+    checked = _check_done(conversation, since, db=database) if since else None
+    if checked is not None:
+        return checked
+    expires = lease_expires(conversation)
+    if expires is not None and expires > timezone.now():
+        _defer(defer, conversation_id, database, expires, since)
         return AutoCompaction(compacted=False, reason=Reason.IN_PROGRESS)
+    started = timezone.now()
+    check_at = started + timedelta(seconds=lease_seconds())
+    _defer(defer, conversation_id, database, check_at, started.isoformat())
     try:
         return _compact_rounds(conversation)
     except Conversation.DoesNotExist:
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
+
+
+def _check_done(conversation: Conversation, since: str, *, db: str) -> AutoCompaction | None:
+    """What a check answers when the compaction that started at ``since`` was not lost: the
+    reason of the newest attempt that ended it (anything but an interruption or a turn-away
+    by a lease), or ``below_trigger`` when it recorded nothing and left no lease (its plan
+    found the trigger not reached). None when it was lost: it left its lease behind (its
+    worker was killed) or recorded an interruption; the check then compacts."""
+    attempts = CompactionAttempt.objects.using(db).filter(
+        conversation=conversation, created_at__gte=datetime.fromisoformat(since)
+    )
+    ended = attempts.exclude(reason__in=UNFINISHED).order_by("-id").values_list("reason").first()
+    if ended is not None:
+        return AutoCompaction(compacted=False, reason=Reason(ended[0]), detail=str(CHECKED))
+    if conversation.lease_owner or attempts.filter(reason=Reason.INTERRUPTED).exists():
+        return None
+    return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER, detail=str(CHECKED))
+
+
+def _defer(
+    defer: Defer | None, conversation_id: str, database: str, run_after: datetime, since: str | None
+) -> None:
+    """Have the task run again at ``run_after``. A failure is logged: the compaction goes on
+    unguarded, and the next append over the trigger enqueues again."""
+    if defer is None:
+        return
+    try:
+        defer(conversation_id, database, run_after, since)
+    except Exception:
+        logger.exception("Could not defer the compaction of conversation %s.", conversation_id)
 
 
 def _compact_rounds(conversation: Conversation) -> AutoCompaction:

@@ -88,8 +88,12 @@ def over_trigger(context: ActiveContext, policy: Policy) -> bool:
     return policy.over(len(context.messages), context.token_count)
 
 
-def failure_reason(error: Exception) -> Reason:
-    """The reason a failed compaction is recorded with."""
+def failure_reason(error: BaseException) -> Reason:
+    """The reason a failed compaction is recorded with: ``interrupted`` for an exit that is
+    not an ``Exception`` (KeyboardInterrupt, SystemExit, a worker's timeout, a
+    cancellation), which stopped the worker rather than failed the work."""
+    if not isinstance(error, Exception):
+        return Reason.INTERRUPTED
     if isinstance(error, SummaryTruncated):
         return Reason.SUMMARY_TRUNCATED
     if isinstance(error, SummarizerError):
@@ -493,10 +497,12 @@ def _skipped(
     )
 
 
-def _failed(run: _Run, error: Exception) -> None:
+def _failed(run: _Run, error: BaseException) -> None:
     reason = failure_reason(error)
-    # A summarizer failure is an operational event; anything else is a bug: its traceback.
-    log = logger.warning if isinstance(error, SummarizerError) else logger.exception
+    # A summarizer failure or an interruption is an operational event; anything else is a
+    # bug: its traceback.
+    operational = isinstance(error, SummarizerError) or reason == Reason.INTERRUPTED
+    log = logger.warning if operational else logger.exception
     log("Compaction of conversation %s failed: %s", run.conversation.pk, error)
     detail = f"{type(error).__name__}: {error}"
     attempt = _record(run, Outcome.FAILED, reason, archived=run.archived, error=detail)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,6 +31,8 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import CtxsumError
 from ctxsum.models import Conversation, IdempotencyKey
 from ctxsum.services.transactions import write_db
+
+logger = logging.getLogger("ctxsum.idempotency")
 
 State = IdempotencyKey.State
 # How often a claim retries when the row it lost to vanished or changed meanwhile.
@@ -156,10 +159,20 @@ def key_answer(claim: Claim, *, status: int, data: Any) -> None:
 
 
 def key_release(claim: Claim) -> None:
-    """Give the key back after a request that wrote nothing (it answered an error): a retry
-    runs anew. An applied claim is kept: its write must not run twice."""
+    """Give the key back after a request that wrote nothing (it answered an error, or
+    stopped on any exception, KeyboardInterrupt and cancellations included): a retry runs
+    anew. An applied claim is kept: its write must not run twice. A release that fails
+    itself (the database is unusable) is logged, never raised in place of the error that
+    ended the request; the claim is then taken over once abandoned."""
     held = IdempotencyKey.objects.using(claim.db).filter(pk=claim.pk, token=claim.token)
-    held.filter(applied_at__isnull=True).delete()
+    try:
+        held.filter(applied_at__isnull=True).delete()
+    except Exception:
+        logger.exception(
+            "Could not give back the Idempotency-Key claim %s; a retry takes it over after "
+            "IDEMPOTENCY_CLAIM_SECONDS.",
+            claim.pk,
+        )
 
 
 def keys_expired_delete(*, db: str | None = None) -> int:

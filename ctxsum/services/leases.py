@@ -9,16 +9,19 @@ over. Leases are bookkeeping, not changes: queryset updates leave ``updated_at``
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import Q
 from django.utils import timezone
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
+
+logger = logging.getLogger("ctxsum.compaction")
 
 # Seconds a lease outlives the summarizer timeout when LEASE_SECONDS is not set: the time
 # between the answer and the commit.
@@ -53,11 +56,18 @@ def lease_take(conversation: Conversation, *, db: str) -> str | None:
     return None
 
 
+def lease_expires(conversation: Conversation) -> datetime | None:
+    """When the lease ``conversation`` shows, as read, is abandoned unless renewed; None
+    when it shows none."""
+    if not conversation.lease_owner or conversation.leased_at is None:
+        return None
+    return conversation.leased_at + timedelta(seconds=lease_seconds())
+
+
 def lease_held(conversation: Conversation) -> bool:
     """Whether ``conversation``, as read, shows a live lease: another worker is summarizing."""
-    if not conversation.lease_owner or conversation.leased_at is None:
-        return False
-    return conversation.leased_at > timezone.now() - timedelta(seconds=lease_seconds())
+    expires = lease_expires(conversation)
+    return expires is not None and expires > timezone.now()
 
 
 def lease_renew(conversation: Conversation, token: str, *, db: str) -> None:
@@ -88,7 +98,10 @@ def lease_lock(conversation: Conversation, token: str, *, db: str) -> Conversati
 
 @contextmanager
 def leased(
-    conversation: Conversation, *, db: str, failed: Callable[[Exception], None] | None = None
+    conversation: Conversation,
+    *,
+    db: str,
+    failed: Callable[[BaseException], None] | None = None,
 ) -> Iterator[str | None]:
     """Take the conversation's lease for the body: yields its token, or None (nothing
     taken) while another worker holds a live lease. Raises Conversation.DoesNotExist when
@@ -96,9 +109,13 @@ def leased(
 
     A body that ends without raising leaves the lease as its commit left it: released in
     the same write. One that raises gives the lease up and tells ``failed`` of the error
-    (unless it is WriteNothing: a conflict, no gain), then the error goes on. An error
-    taking the lease, or Conversation.DoesNotExist from the body (deleted meanwhile), goes
-    on untouched: nothing to release, nothing to record.
+    (unless it is WriteNothing: a conflict, no gain), then the error goes on. So does one
+    stopped by what is not an ``Exception`` (KeyboardInterrupt, SystemExit, a worker's
+    timeout, a cancellation: ``failed`` records it as ``interrupted``), which must go on as
+    it came: a release or a record that fails then (the database went away with the worker)
+    is logged, never raised in its place. An error taking the lease, or
+    Conversation.DoesNotExist from the body (deleted meanwhile), goes on untouched: nothing
+    to release, nothing to record.
     """
     token = lease_take(conversation, db=db)
     if token is None:
@@ -116,3 +133,41 @@ def leased(
         if failed is not None:
             failed(error)
         raise
+    except BaseException as interruption:
+        _interrupted(conversation, token, db=db, failed=failed, interruption=interruption)
+        raise
+
+
+def _interrupted(
+    conversation: Conversation,
+    token: str,
+    *,
+    db: str,
+    failed: Callable[[BaseException], None] | None,
+    interruption: BaseException,
+) -> None:
+    """Release the lease and record ``interruption``, neither of which may replace it: a
+    SystemExit turned into a DatabaseError would keep a worker that was told to stop
+    running. What fails is logged; a lease left held frees once abandoned."""
+    name = type(interruption).__name__
+    try:
+        lease_release(conversation, token, db=db)
+    except Exception:
+        logger.exception(
+            "Could not release the lease on conversation %s after %s; it frees in %s s.",
+            conversation.pk,
+            name,
+            lease_seconds(),
+        )
+    if failed is None:
+        return
+    try:
+        failed(interruption)
+    except Conversation.DoesNotExist:
+        pass  # deleted meanwhile: nothing to record
+    except Exception:
+        logger.exception(
+            "Could not record the interruption (%s) of work on conversation %s.",
+            name,
+            conversation.pk,
+        )

@@ -190,8 +190,13 @@ def _record_no_gain(conversation: Conversation, previous: Summary, *, db: str) -
     )
 
 
-def _failed(conversation: Conversation, previous: Summary, error: Exception, *, db: str) -> None:
-    log = logger.warning if isinstance(error, SummarizerError) else logger.exception
+def _failed(
+    conversation: Conversation, previous: Summary, error: BaseException, *, db: str
+) -> None:
+    # An interruption (not an Exception: an exit, a timeout, a cancellation) is recorded as
+    # ``interrupted`` by failure_reason, and logged without a traceback, like a summarizer's.
+    operational = isinstance(error, SummarizerError) or not isinstance(error, Exception)
+    log = logger.warning if operational else logger.exception
     log("Rebuild of conversation %s's summary failed: %s", conversation.pk, error)
     attempt_record(
         conversation,

@@ -15,6 +15,7 @@ reservation is bookkeeping, not a change of the conversation.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -31,6 +32,8 @@ from ctxsum.models import ChatCallDay, Conversation
 
 CONVERSATION_LIMIT = _("This conversation has made its {limit} model calls.")
 USER_DAY_LIMIT = _("You have made your {limit} model calls for today (UTC).")
+logger = logging.getLogger("ctxsum.chat")
+
 IN_PROGRESS = _("Another turn of this conversation is in progress; try again when it is done.")
 
 
@@ -99,15 +102,29 @@ def _day_reserve(user: Any, day: date, *, db: str) -> Any:
 
 def turn_release(reservation: Reservation) -> None:
     """Give the reservation back after a failed turn: the lock, and its call on each
-    count, if the turn still holds the lock (a turn taken over keeps its call counted)."""
+    count, if the turn still holds the lock (a turn taken over keeps its call counted).
+
+    Called on any exit of a turn, while the error that ended it goes on (a model error,
+    KeyboardInterrupt, a cancellation, the client gone): a release that fails itself (the
+    database is unusable) is logged, never raised in its place; the lock then frees once
+    CHAT_TURN_SECONDS have passed, like a dead worker's."""
+    try:
+        _release(reservation)
+    except Exception:
+        logger.exception(
+            "Could not give back the turn reservation of conversation %s; its lock frees "
+            "after CHAT_TURN_SECONDS.",
+            reservation.conversation_pk,
+        )
+
+
+def _release(reservation: Reservation) -> None:
     db = reservation.db
     with transaction.atomic(using=db):
         rows = Conversation.objects.using(db).filter(
             pk=reservation.conversation_pk, turn_owner=reservation.token
         )
-        released = rows.update(
-            turn_owner="", turn_started_at=None, chat_calls=F("chat_calls") - 1
-        )
+        released = rows.update(turn_owner="", turn_started_at=None, chat_calls=F("chat_calls") - 1)
         if released and reservation.user_pk is not None:
             ChatCallDay.objects.using(db).filter(
                 user_id=reservation.user_pk, day=reservation.day, calls__gt=0
