@@ -47,6 +47,14 @@ def summary_is_stale(summary: Summary) -> bool:
     return summary.covers_redacted or written != current_prompt()
 
 
+def summary_withheld(*, conversation: Conversation) -> bool:
+    """Whether the active summary was withheld after a redaction (docs/architecture.md,
+    invariant f): its text is a notice until a rebuild writes it anew. One query."""
+    db = conversation._state.db
+    summaries = Summary.objects.using(db) if db else Summary.objects.all()
+    return summaries.filter(conversation=conversation, active=True, covers_redacted=True).exists()
+
+
 def stale_summaries() -> SummaryQuerySet:
     """The active summaries that are stale: their conversations want a rebuild."""
     return Summary.objects.filter(active=True).stale(**current_prompt())

@@ -17,7 +17,7 @@ import pytest
 
 from ctxsum.models import CompactionAttempt, Conversation, Fact, FactChange, Message, Summary
 from ctxsum.policy import Reason
-from ctxsum.selectors import context_get, current_prompt
+from ctxsum.selectors import context_get, current_prompt, summary_withheld
 from ctxsum.services import (
     conversation_compact,
     conversation_create,
@@ -25,10 +25,13 @@ from ctxsum.services import (
     message_append,
     message_redact,
 )
+from ctxsum.services.autocompact import conversation_compact_queued
+from ctxsum.services.leases import lease_expires, lease_release, lease_take
 from ctxsum.services.redaction import WITHHELD
 from tests.backends import OfflineHookSummarizer
 from tests.factories import CARD, booked_conversation, booking_history, turns
 from tests.invariants import assert_context_invariants
+from tests.settings import TASKS_MODULE
 from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
@@ -269,3 +272,51 @@ def test_the_card_is_in_the_facts_before_and_nowhere_after(user, hooked):
     redact_card(conversation)
 
     assert_erased(conversation)
+
+
+def test_the_task_runner_rebuilds_a_withheld_summary_by_itself(
+    user, hooked, settings, django_capture_on_commit_callbacks
+):
+    conversation = booked_conversation(user)
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "tasks"}
+    settings.TASKS = {"default": {"BACKEND": f"{TASKS_MODULE}.backends.immediate.ImmediateBackend"}}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        redact_card(conversation)
+
+    summary = Summary.objects.get(conversation=conversation, active=True)
+    assert (summary.origin, summary.covers_redacted, summary.version) == ("rebuild", False, 2)
+    assert not summary_withheld(conversation=conversation)
+    assert_erased(conversation)
+
+
+def test_a_task_finding_the_lease_held_runs_again_when_it_expires(user, hooked):
+    conversation = booked_conversation(user)
+    redact_card(conversation)
+    token = lease_take(fresh(conversation), db="default")
+    deferred: list[Any] = []
+
+    def defer(conversation_id: str, database: str, run_after: Any, since: Any) -> None:
+        deferred.append(run_after)
+
+    held = conversation_compact_queued(
+        conversation_id=str(conversation.pk), database="default", defer=defer
+    )
+
+    assert held.reason == Reason.IN_PROGRESS
+    assert deferred == [lease_expires(fresh(conversation))]
+    assert summary_withheld(conversation=conversation)
+    lease_release(conversation, token, db="default")
+    done = conversation_compact_queued(conversation_id=str(conversation.pk), database="default")
+    assert (done.compacted, done.reason) == (True, Reason.REBUILT)
+    assert not summary_withheld(conversation=conversation)
+    assert_erased(conversation)
+
+
+def test_below_its_trigger_a_conversation_without_a_withheld_summary_is_left_alone(user, hooked):
+    conversation = booked_conversation(user)
+
+    result = conversation_compact_queued(conversation_id=str(conversation.pk), database="default")
+
+    assert result.reason == Reason.BELOW_TRIGGER
+    assert Summary.objects.filter(conversation=conversation).count() == 1

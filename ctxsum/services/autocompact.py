@@ -31,9 +31,10 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation
 from ctxsum.policy import Reason
-from ctxsum.selectors import conversation_policy
+from ctxsum.selectors import conversation_policy, summary_withheld
 from ctxsum.services.compaction import CompactionResult, conversation_compact, failure_reason
 from ctxsum.services.leases import lease_expires, lease_seconds
+from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.services.transactions import write_db
 
 logger = logging.getLogger("ctxsum.compaction")
@@ -182,7 +183,7 @@ def conversation_compact_queued(
         conversation = Conversation.objects.using(database).get(pk=conversation_id)
     except Conversation.DoesNotExist:
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
-    if not compaction_due(conversation):
+    if not compaction_due(conversation) and not summary_withheld(conversation=conversation):
         return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
     checked = _check_done(conversation, since, db=database) if since else None
     if checked is not None:
@@ -232,8 +233,9 @@ def _defer(
 
 def _compact_rounds(conversation: Conversation) -> AutoCompaction:
     """Compact; again (at most MAX_ROUNDS in all) while messages appended during the
-    summarizer call left the context at its trigger. Raises what conversation_compact
-    raises."""
+    summarizer call left the context at its trigger. A summary still withheld after a
+    redaction is then rebuilt (a compaction writes it anew, but only when the trigger is
+    reached). Raises what conversation_compact and conversation_rebuild raise."""
     result: CompactionResult | None = None
     for _round in range(MAX_ROUNDS):
         newest = conversation.next_seq
@@ -241,6 +243,12 @@ def _compact_rounds(conversation: Conversation) -> AutoCompaction:
         if not (result.compacted and result.over_trigger and conversation.next_seq > newest):
             break
     assert result is not None
+    if not result.compacted and summary_withheld(conversation=conversation):
+        rebuilt = conversation_rebuild(conversation=conversation)
+        version = rebuilt.summary.version if rebuilt.summary else None
+        return AutoCompaction(
+            compacted=rebuilt.rebuilt, reason=rebuilt.reason, summary_version=version
+        )
     return AutoCompaction(
         compacted=result.compacted,
         reason=result.reason,
