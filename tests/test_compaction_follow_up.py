@@ -40,7 +40,7 @@ IMMEDIATE = {"default": {"BACKEND": f"{TASKS_MODULE}.backends.immediate.Immediat
 LEASE_SECONDS = 30
 SYSTEM = system_message("You book trips.")
 HISTORY = [long_user_message(f"u{index}") for index in range(6)]
-POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
+POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 1}}
 
 
 class NoDeferBackend(DummyBackend):  # type: ignore[misc,valid-type]

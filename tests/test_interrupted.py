@@ -33,7 +33,7 @@ from tests.support.urls import api_url
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SUMMARIZER = f"{__name__}.InterruptedSummarizer"
-POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 2}}
+POLICY = {"trigger": {"messages": 5}, "keep": {"messages": 1}}
 SYSTEM = system_message("You book trips.")
 HISTORY = [long_user_message(f"u{index}") for index in range(6)]
 COUNTERS = ("next_seq", "message_count", "active_message_count", "active_tokens", "revision")
@@ -111,7 +111,7 @@ def test_an_interrupted_compaction_gives_the_lease_back_and_records_it(
     attempt = CompactionAttempt.objects.get(conversation=conversation)
     assert (attempt.outcome, attempt.reason) == ("failed", Reason.INTERRUPTED)
     assert attempt.error == f"{interrupted.interruption.__name__}: stopped mid-call"
-    assert (attempt.from_seq, attempt.to_seq) == (1, 4)
+    assert (attempt.from_seq, attempt.to_seq) == (1, 5)
     [sent] = failures
     assert sent["attempt"] == attempt
     assert isinstance(sent["error"], interrupted.interruption)
