@@ -20,6 +20,8 @@ from django.db import DatabaseError, OperationalError, connection
 import ctxsum.selectors
 import ctxsum.services
 import ctxsum.services.chat
+import ctxsum.services.compaction
+import ctxsum.services.rebuild
 from ctxsum.models import ChatTurn, Conversation, Message, Summary
 from ctxsum.services import conversation_create
 from ctxsum.signals import messages_appended
@@ -188,6 +190,42 @@ def test_a_compaction_applied_is_a_success_when_the_database_goes_after_its_comm
     assert Summary.objects.filter(conversation=conversation, active=True).exists()
 
 
+def test_a_compaction_whose_own_read_after_its_commit_fails_is_a_success(
+    api, user, offline_summarizer, monkeypatch, gone, caplog
+):
+    conversation = conversation_create(
+        owner=user, messages=HISTORY, trigger={"messages": 6}, keep={"messages": 2}
+    )
+    # Inside the service, right after its commit: its own read of the context fails.
+    fail_after(monkeypatch, gone, ctxsum.services.compaction, "_commit")
+
+    response = api.post(api_url("compact", conversation), {"force": True}, format="json")
+
+    assert_success(response)
+    assert gone.refused
+    gone.armed = False
+    answer = response.json()
+    assert (answer["compacted"], answer["reason"], answer["context"]) == (True, "compacted", None)
+    assert Summary.objects.filter(conversation=conversation, active=True).exists()
+    assert_logged(caplog, conversation, "context")
+
+
+def test_a_rebuild_whose_own_read_after_its_commit_fails_is_a_success(
+    api, compacted, monkeypatch, gone, caplog
+):
+    version = active_version(compacted)
+    fail_after(monkeypatch, gone, ctxsum.services.rebuild, "_commit")
+
+    response = api.post(api_url("summary-rebuild", compacted))
+
+    assert_success(response)
+    gone.armed = False
+    answer = response.json()
+    assert answer["rebuilt"] is True and answer["context"] is None
+    assert active_version(compacted) == answer["summary"]["version"] > version
+    assert_logged(caplog, compacted, "rebuilt")
+
+
 def test_a_redaction_applied_is_a_success_when_the_database_goes_after_its_commit(
     api, compacted, monkeypatch, gone, caplog
 ):
@@ -265,6 +303,29 @@ def test_a_streamed_turn_whose_keys_answer_cannot_be_stored_still_ends_with_its_
     assert retry.status_code == 409 and retry["Content-Type"] == "application/json"
     assert ChatTurn.objects.filter(conversation=chatting).count() == 1
     assert len([b for b in chat_model.bodies if b["model"] == "gpt-4o"]) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_whose_keys_answer_cannot_be_stored_is_answered_all_the_same(
+    api, user, monkeypatch, gone, caplog
+):
+    """A plain request: the decorator stores the answer after the view; a store that fails
+    is logged, the append answered, and a retry never appends twice."""
+    conversation = conversation_create(owner=user, messages=HISTORY[:1])
+    fail_after(monkeypatch, gone, ctxsum.services, "message_append")
+    url = api_url("message-list", conversation)
+    body = {"messages": [user_message("Once.")]}
+
+    response = api.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="append-1")
+
+    assert_success(response)
+    assert response.status_code == 201
+    gone.armed = False
+    records = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("Idempotency-Key claim" in message for message in records), records
+    retry = api.post(url, body, format="json", HTTP_IDEMPOTENCY_KEY="append-1")
+    assert retry.status_code == 409 and retry["Content-Type"] == "application/json"
+    assert Message.objects.filter(conversation=conversation).count() == 2
 
 
 # --------------------------------------------------------------------------- after the commit

@@ -15,11 +15,13 @@ See docs/architecture.md, "Idempotency keys".
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
+from django.db import DatabaseError
 from django.http import StreamingHttpResponse
 from django.http.request import RawPostDataException
 from django.utils.translation import gettext_lazy as _
@@ -31,6 +33,7 @@ from ctxsum.api import schema
 from ctxsum.conf import ctxsum_settings
 from ctxsum.services.idempotency import (
     Answer,
+    Claim,
     ClaimLost,
     Found,
     fingerprint,
@@ -41,6 +44,8 @@ from ctxsum.services.idempotency import (
 
 if TYPE_CHECKING:
     from ctxsum.api.base import CtxsumView
+
+logger = logging.getLogger("ctxsum.api")
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -133,6 +138,16 @@ def _raw_body(request: Request) -> bytes:
     return body
 
 
+def _answer_store(claim: Claim, response: Response) -> None:
+    """Store a success on its key. A store that fails (the database went after the write)
+    is logged, never answered: the write stands and its answer goes out; retries find the
+    key in progress, then its answer lost, and never run the write again."""
+    try:
+        key_answer(claim, status=response.status_code, data=response.data)
+    except DatabaseError:
+        logger.exception("The answer to Idempotency-Key claim %s could not be stored.", claim.pk)
+
+
 def idempotent(handler: Handler) -> Handler:
     """Honour ``Idempotency-Key`` on a view method of an endpoint about one conversation,
     and describe the header and its 409 answers in the schema. Put it above
@@ -172,7 +187,7 @@ def idempotent(handler: Handler) -> Handler:
         if isinstance(response, StreamingHttpResponse):
             return response  # the stream stores its answer, or gives the key back, itself
         if status.is_success(response.status_code):
-            key_answer(found, status=response.status_code, data=response.data)
+            _answer_store(found, response)
         else:
             key_release(found)
         return response

@@ -622,7 +622,13 @@ COMPACTION_REASONS = [
     )
 ]
 # What POST .../summaries/rebuild/ answers.
-REBUILD_REASONS = [Reason.REBUILT, Reason.NOTHING_TO_SUMMARIZE, Reason.IN_PROGRESS, Reason.CONFLICT]
+REBUILD_REASONS = [
+    Reason.REBUILT,
+    Reason.NOTHING_TO_SUMMARIZE,
+    Reason.IN_PROGRESS,
+    Reason.CONFLICT,
+    Reason.NO_GAIN,
+]
 # What POST .../summaries/{version}/revert/ answers.
 REVERT_REASONS = [Reason.REVERTED, Reason.IN_PROGRESS, Reason.CONFLICT]
 FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]

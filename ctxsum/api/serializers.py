@@ -512,7 +512,8 @@ class CompactionOutputSerializer(serializers.Serializer[Any]):
     over_trigger = serializers.BooleanField()
     summary = SummaryOutputSerializer(allow_null=True)
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
-    context = ContextOutputSerializer()  # type: ignore[assignment]
+    # Null only when it could not be read after a compaction that committed.
+    context = ContextOutputSerializer(allow_null=True)  # type: ignore[assignment]
     plan = serializers.SerializerMethodField()
 
     def to_representation(self, instance: Any) -> dict[str, Any]:

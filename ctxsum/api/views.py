@@ -293,7 +293,8 @@ class SummaryRebuild(CtxsumView):
         description="For a stale summary (written under another prompt, or covering a "
         "redacted message). The new version covers the same messages; the one it replaces "
         "is kept, marked superseded. `rebuilt: false` comes with a `reason`: "
-        "`nothing_to_summarize` (no summary), `in_progress` or `conflict`. `context` is "
+        "`nothing_to_summarize` (no summary), `in_progress`, `conflict` or `no_gain` (the new "
+        "summary was not smaller than the messages it stands for). `context` is "
         "null when it could not be read after the rebuild (which stands).",
     )
     def post(self, request: Request, pk: str) -> Response:

@@ -258,7 +258,9 @@ def _compact_if_due(
         return context, None
     # Forced: the stored context alone may be below the trigger; the new message is not.
     result = conversation_compact(conversation=conversation, force=True)
-    return result.context, AutoCompaction(
+    # The compacted context to send; read again if the compaction could not read it.
+    context = result.context or context_get(conversation=conversation)
+    return context, AutoCompaction(
         compacted=result.compacted,
         reason=result.reason,
         summary_version=result.summary.version if result.summary else None,

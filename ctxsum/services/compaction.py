@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Max, Q
 
 from ctxsum.conf import ctxsum_settings
@@ -54,7 +54,8 @@ class CompactionResult:
 
     compacted: bool
     reason: Reason
-    context: ActiveContext
+    # None only when the context could not be read after the compaction committed.
+    context: ActiveContext | None
     plan: Plan | None = None
     summary: Summary | None = None
     attempt: CompactionAttempt | None = None
@@ -197,9 +198,7 @@ def _compact_leased(run: _Run) -> CompactionResult:
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
     except (_Conflict, LeaseLost):
         return _skipped(run, Reason.CONFLICT, archived=run.archived, outcome=Outcome.CONFLICT)
-    conversation = run.conversation
-    conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
-    context = context_get(conversation=conversation)
+    context = _read_after_commit(run)
     return CompactionResult(
         compacted=True,
         reason=Reason.COMPACTED,
@@ -208,8 +207,20 @@ def _compact_leased(run: _Run) -> CompactionResult:
         summary=summary,
         attempt=attempt,
         archived=run.archived,
-        over_trigger=over_trigger(context, run.policy),
+        over_trigger=over_trigger(context, run.policy) if context else run.plan.over_trigger,
     )
+
+
+def _read_after_commit(run: _Run) -> ActiveContext | None:
+    """The conversation and its context as the commit left them; None when they cannot be
+    read (logged): the compaction stands, and whoever asked is told it compacted."""
+    conversation = run.conversation
+    try:
+        conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
+        return context_get(conversation=conversation)
+    except DatabaseError:
+        logger.exception("Conversation %s compacted; its context was not read.", conversation.pk)
+        return None
 
 
 def _summarize_and_commit(run: _Run, token: str) -> tuple[Summary, CompactionAttempt]:

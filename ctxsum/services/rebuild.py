@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
@@ -78,7 +78,10 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
     except NoGain:
         _record_no_gain(conversation, previous, db=db)
         return Rebuilt(rebuilt=False, reason=Reason.NO_GAIN, replaced=previous)
-    conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
+    try:
+        conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
+    except DatabaseError:  # the rebuild stands: whoever asked is told it rebuilt
+        logger.exception("Conversation %s rebuilt; its row could not be read.", conversation.pk)
     return Rebuilt(rebuilt=True, reason=Reason.REBUILT, summary=summary, replaced=previous)
 
 
