@@ -47,6 +47,7 @@ COMPACTION = "ctxsum/services/compaction.py"
 LEASES = "ctxsum/services/leases.py"
 REDACTION = "ctxsum/services/redaction.py"
 FACT_BLOCK = "ctxsum/services/fact_block.py"
+REBUILD = "ctxsum/services/rebuild.py"
 
 POLICY_TESTS = ("tests/test_policy.py",)
 VALIDATION_TESTS = ("tests/test_validation.py",)
@@ -55,6 +56,7 @@ RACE_TESTS = ("tests/test_races.py",)
 LEASE_TESTS = ("tests/test_compaction_concurrency.py",)
 PINNED_TESTS = ("tests/test_pinned.py",)
 BOUNDARY_TESTS = ("tests/test_boundaries.py",)
+ERASURE_TESTS = ("tests/test_erasure.py",)
 
 PYTEST_OPTIONS = ("-x", "-q", "-p", "no:cacheprovider")
 # A mutant that makes a loop endless is killed by the clock.
@@ -397,7 +399,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "over-trigger-from-estimate",
         COMPACTION,
-        "over_trigger=over_trigger(context, run.policy),",
+        "over_trigger=over_trigger(context, run.policy) if context else run.plan.over_trigger,",
         "over_trigger=run.plan.over_trigger,",
         COMPACTION_TESTS,
     ),
@@ -423,6 +425,42 @@ MUTANTS: tuple[Mutant, ...] = (
         "if used + fact.token_count <= limit:",
         "if used + fact.token_count < limit:",
         BOUNDARY_TESTS,
+    ),
+    # --- erasure (invariant f) ----------------------------------------------------------
+    Mutant(
+        "redaction-keeps-summary-text",
+        REDACTION,
+        "text=notice, token_count=size,",
+        "token_count=size,",
+        ERASURE_TESTS,
+    ),
+    Mutant(
+        "archive-ignores-redaction",
+        COMPACTION,
+        "    as_read = Q(redacted_at__isnull=True)\n",
+        "    as_read = Q()\n",
+        ERASURE_TESTS,
+    ),
+    Mutant(
+        "withheld-summary-carried-forward",
+        COMPACTION,
+        "if previous is None or not previous.covers_redacted:",
+        "if True:",
+        ERASURE_TESTS,
+    ),
+    Mutant(
+        "withheld-since-snapshot-unseen",
+        COMPACTION,
+        "return found == ((expected.pk, expected.covers_redacted) if expected else None)",
+        "return (found and found[0]) == (expected and expected.pk)",
+        ERASURE_TESTS,
+    ),
+    Mutant(
+        "rebuild-without-gain-guard",
+        REBUILD,
+        "    gain_check(written, replaced_tokens=sum(row.token_count for row in archived))\n",
+        "",
+        ERASURE_TESTS,
     ),
 )
 
