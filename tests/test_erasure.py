@@ -22,6 +22,7 @@ from ctxsum.services import (
     conversation_compact,
     conversation_create,
     conversation_rebuild,
+    conversation_update,
     message_append,
     message_redact,
 )
@@ -320,3 +321,27 @@ def test_below_its_trigger_a_conversation_without_a_withheld_summary_is_left_alo
 
     assert result.reason == Reason.BELOW_TRIGGER
     assert Summary.objects.filter(conversation=conversation).count() == 1
+
+
+def test_a_stale_instance_redacts_by_the_rows_subject(user, hooked):
+    """The caller's instance predates the subject: the redaction plans from the row, locks
+    the subject's conversations and takes the card back from the subject's facts."""
+    conversation = conversation_create(
+        owner=user,
+        system="You book flights.",
+        messages=booking_history(),
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
+    stale = fresh(conversation)
+    conversation_update(conversation=fresh(conversation), subject="ana")
+    compacted = conversation_compact(conversation=fresh(conversation), force=True)
+    assert compacted.compacted
+    citing = [f for f in Fact.objects.filter(subject="ana") if CARD_SEQ in f.source_seqs]
+    assert citing  # the subject's fact taken from the card's message too
+
+    message_redact(conversation=stale, seq=CARD_SEQ)
+
+    assert stale.subject == "ana"  # brought up to date
+    assert not [f for f in Fact.objects.all() if CARD_SEQ in f.source_seqs]
+    assert_erased(conversation)

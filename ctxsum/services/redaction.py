@@ -60,12 +60,16 @@ def message_redact(*, conversation: Conversation, seq: int) -> Message:
     to date.
     """
     db = write_db(conversation)
-    # Read without a lock: only a commit of this conversation (which its row lock orders)
-    # makes facts cite one of its messages, and one that did meanwhile is found again below.
-    cited = facts_cite(conversation, seq, db=db)
+    # Planned from the row, not the caller's instance (its subject says which conversations
+    # to lock). Read without a lock: only a commit of this conversation (which its row lock
+    # orders) makes facts cite one of its messages, and one that did meanwhile, or a
+    # subject changed meanwhile, is found again under the lock: then it starts over.
+    cited = False
     while True:
+        row = Conversation.objects.using(db).get(pk=conversation.pk)
+        cited = cited or facts_cite(row, seq, db=db)
         try:
-            locked, message = _commit(conversation, seq, db=db, cited=cited)
+            locked, message = _commit(row, seq, db=db, cited=cited)
         except _FactsLockNeeded:
             cited = True  # start over, the subject's conversations locked first
             continue
@@ -74,25 +78,26 @@ def message_redact(*, conversation: Conversation, seq: int) -> Message:
 
 
 class _FactsLockNeeded(Exception):
-    """Facts came to cite the message after it was checked: roll back, lock them first."""
+    """Facts came to cite the message after it was checked, or the subject whose
+    conversations were locked changed: roll back, lock them first."""
 
 
-def _commit(
-    conversation: Conversation, seq: int, *, db: str, cited: bool
-) -> tuple[Conversation, Message]:
+def _commit(row: Conversation, seq: int, *, db: str, cited: bool) -> tuple[Conversation, Message]:
     with transaction.atomic(using=db):
         # A subject's conversations first, in pk order, this one among them, when facts cite
         # the message (fact_merge); else the row's own lock is all it takes.
-        shown = facts_lock(conversation, db=db) if cited else []
-        locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
+        shown = facts_lock(row, db=db) if cited else []
+        locked = Conversation.objects.using(db).select_for_update().get(pk=row.pk)
         message = Message.objects.using(db).get(conversation=locked, seq=seq)
         if message.redacted_at is None:
             if not cited and facts_cite(locked, seq, db=db):
                 raise _FactsLockNeeded
+            if cited and locked.subject != row.subject:
+                raise _FactsLockNeeded
             _redact(locked, message)
             if cited:
                 block = locked.facts_tokens
-                facts_forget(locked=locked, shown=shown, subject=conversation.subject, seq=seq)
+                facts_forget(locked=locked, shown=shown, subject=locked.subject, seq=seq)
                 if locked.facts_tokens != block:
                     locked.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
     return locked, message
