@@ -35,7 +35,8 @@ language of the conversation, with no preamble."""
 
 DEFAULTS: dict[str, Any] = {
     # When to compact: {"messages": N, "tokens": N}; one or both keys. With both, both must
-    # be reached. Counts the active context as sent (system message and summary included).
+    # be reached. Counts the active context as sent (system message, summary and key facts
+    # block included).
     "TRIGGER": {"tokens": 12000},
     # The most to keep verbatim: exactly one of {"messages": N} or {"tokens": N}. When
     # keeping it would leave the context at the trigger, fewer messages are kept.

@@ -22,6 +22,7 @@ from ctxsum.policy import LEADING_ROLES, Reason
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import conversation_create
 from ctxsum.services.messages import message_append
+from ctxsum.services.redaction import message_redact
 from tests import invariants
 from tests.support.replay_checks import no_gain_problems, replaced_tokens, summary_problems
 from tests.support.replay_stats import (
@@ -248,6 +249,39 @@ class ConversationReplay:
         except AssertionError as error:
             raise self.violation(number, f"invariant: {error}") from error
         self.stats.check_seconds += time.perf_counter() - checked
+
+
+def erasure_probe(
+    conversation: Any, record: Mapping[str, Any], *, stats: ReplayStats, checker: Checker
+) -> None:
+    """After the last step, outside the step counts: redact the first archived message
+    whose text is distinctive (16 characters or more, in no other message), check the
+    invariants, (f) erasure included, then compact once more (forced) and check again: the
+    next summary is written without the redacted text. Nothing to do for a conversation
+    that archived none."""
+    messages = list(record["messages"])
+    texts = [m.get("content") if isinstance(m.get("content"), str) else "" for m in messages]
+    archived = conversation.messages.archived().order_by("seq").values_list("seq", flat=True)
+    seq = next(
+        (
+            seq
+            for seq in archived
+            if len(texts[seq]) >= 16
+            and not any(texts[seq] in text for other, text in enumerate(texts) if other != seq)
+        ),
+        None,
+    )
+    if seq is None:
+        return
+    try:
+        message_redact(conversation=conversation, seq=seq)
+        checker(conversation, original_messages=messages)
+        conversation_compact(conversation=conversation, force=True)
+        checker(conversation, original_messages=messages)
+    except Exception as error:
+        problem = f"erasure probe (seq {seq}): {type(error).__name__}: {error}"
+        raise ReplayViolation(str(record["id"]), len(messages), problem) from error
+    stats.erasure_probes += 1
 
 
 def replay_conversation(

@@ -58,7 +58,12 @@ def replay_job(job: Job, progress: Callable[[ReplayStats], None] | None = None) 
     from django.contrib.auth import get_user_model
 
     from ctxsum.models import Summary
-    from tests.support.replay import ReplayViolation, invariant_checker, replay_conversation
+    from tests.support.replay import (
+        ReplayViolation,
+        erasure_probe,
+        invariant_checker,
+        replay_conversation,
+    )
 
     owner, _ = get_user_model().objects.get_or_create(username=job.owner)
     checker = invariant_checker()[0] if job.check else None
@@ -69,7 +74,7 @@ def replay_job(job: Job, progress: Callable[[ReplayStats], None] | None = None) 
         for position, (source, record) in enumerate(records):
             if position % job.jobs != job.index:
                 continue
-            replay_conversation(
+            conversation = replay_conversation(
                 record,
                 owner=owner,
                 stats=stats,
@@ -77,6 +82,8 @@ def replay_job(job: Job, progress: Callable[[ReplayStats], None] | None = None) 
                 source=source,
                 check_size=job.check,
             )
+            if checker is not None:
+                erasure_probe(conversation, record, stats=stats, checker=checker)
             if progress is not None:
                 progress(stats)
     except ReplayViolation as violation:

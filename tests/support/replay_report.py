@@ -85,6 +85,7 @@ def _reductions(stats: ReplayStats) -> dict[str, Any]:
             name: _with_p5(values) for name, values in sorted(stats.reductions_by_file.items())
         },
         "steps_with_context_over_full_history": stats.context_over_history,
+        "erasure_probes": stats.erasure_probes,
         "final_token_reduction": _with_p5(stats.final_reductions),
     }
 
@@ -223,7 +224,8 @@ def _timing_lines(report: Mapping[str, Any]) -> list[str]:
     ]
     lines.append(
         f"  wall {report['wall_seconds']} s (replay {report['replay_seconds']} s, "
-        f"invariant checks {timings['invariant_checks_total_s']} s, setup+migrate "
+        f"invariant checks {timings['invariant_checks_total_s']} s, "
+        f"{report.get('erasure_probes', 0)} erasure probes, setup+migrate "
         f"{report['setup_seconds']} s); process CPU {report['cpu_seconds']} s; load average "
         f"{report['load_average_at_start']} at start, {report['load_average_at_end']} at end"
     )

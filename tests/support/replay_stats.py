@@ -140,6 +140,10 @@ class ReplayStats:
     max_active_messages: int = 0
     # Steps whose context costs more than sending the whole history would (all turns).
     context_over_history: int = 0
+    # With --check, after its last step: conversations whose first archived message with
+    # distinctive text was redacted, then compacted once more, invariant (f) checked after
+    # both (tests/support/replay.py, erasure_probe).
+    erasure_probes: int = 0
 
     # How ``merge`` combines each field (max_active_messages: the larger).
     SUMS = (
@@ -151,6 +155,7 @@ class ReplayStats:
         "summarizer_calls",
         "check_seconds",
         "context_over_history",
+        "erasure_probes",
     )
     COUNTERS = ("reasons", "over_trigger", "append_queries")
     LISTS_BY_KEY = ("reductions_by_file", "skipped_seconds")
