@@ -276,12 +276,13 @@ def erasure_probe(
     try:
         message_redact(conversation=conversation, seq=seq)
         checker(conversation, original_messages=messages)
-        conversation_compact(conversation=conversation, force=True)
+        compacted = conversation_compact(conversation=conversation, force=True).compacted
         checker(conversation, original_messages=messages)
     except Exception as error:
         problem = f"erasure probe (seq {seq}): {type(error).__name__}: {error}"
         raise ReplayViolation(str(record["id"]), len(messages), problem) from error
     stats.erasure_probes += 1
+    stats.erasure_probe_compactions += compacted
 
 
 def replay_conversation(

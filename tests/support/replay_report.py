@@ -86,6 +86,7 @@ def _reductions(stats: ReplayStats) -> dict[str, Any]:
         },
         "steps_with_context_over_full_history": stats.context_over_history,
         "erasure_probes": stats.erasure_probes,
+        "erasure_probe_compactions": stats.erasure_probe_compactions,
         "final_token_reduction": _with_p5(stats.final_reductions),
     }
 

@@ -144,6 +144,7 @@ class ReplayStats:
     # distinctive text was redacted, then compacted once more, invariant (f) checked after
     # both (tests/support/replay.py, erasure_probe).
     erasure_probes: int = 0
+    erasure_probe_compactions: int = 0  # the summaries those forced compactions wrote
 
     # How ``merge`` combines each field (max_active_messages: the larger).
     SUMS = (
@@ -156,6 +157,7 @@ class ReplayStats:
         "check_seconds",
         "context_over_history",
         "erasure_probes",
+        "erasure_probe_compactions",
     )
     COUNTERS = ("reasons", "over_trigger", "append_queries")
     LISTS_BY_KEY = ("reductions_by_file", "skipped_seconds")
