@@ -22,6 +22,7 @@ from ctxsum.services import (
     conversation_compact,
     conversation_create,
     conversation_rebuild,
+    conversation_revert,
     conversation_update,
     message_append,
     message_redact,
@@ -344,4 +345,21 @@ def test_a_stale_instance_redacts_by_the_rows_subject(user, hooked):
 
     assert stale.subject == "ana"  # brought up to date
     assert not [f for f in Fact.objects.all() if CARD_SEQ in f.source_seqs]
+    assert_erased(conversation)
+
+
+def test_a_revert_back_to_a_withheld_version_has_it_rebuilt(
+    user, hooked, settings, django_capture_on_commit_callbacks
+):
+    conversation = booked_and_grown(user)
+    redact_card(conversation)
+    assert conversation_compact(conversation=fresh(conversation), force=True).compacted
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        reverted = conversation_revert(conversation=fresh(conversation), version=2)
+
+    assert reverted.reverted
+    summary = Summary.objects.get(conversation=conversation, active=True)
+    assert (summary.version, summary.origin, summary.covers_redacted) == (3, "rebuild", False)
     assert_erased(conversation)

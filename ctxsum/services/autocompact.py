@@ -139,6 +139,24 @@ def _enqueue(conversation_id: str, db: str) -> None:
         logger.exception("Could not enqueue the compaction of conversation %s.", conversation_id)
 
 
+def withheld_rebuild(conversation_id: str, db: str) -> None:
+    """After a commit that left the active summary withheld (a redaction, or a revert back
+    to a withheld version), with AUTO_COMPACT: the compaction task rebuilds it, or this
+    process does with the ``sync`` runner. Never raises: the commit stands, and the summary
+    stays withheld (stale, so ``ctxsum_rebuild --stale`` finds it) until a rebuild
+    succeeds."""
+    if not ctxsum_settings.AUTO_COMPACT:
+        return
+    try:
+        if ctxsum_settings.COMPACTION_RUNNER == SYNC:
+            conversation = Conversation.objects.using(db).get(pk=conversation_id)
+            conversation_rebuild(conversation=conversation)
+        else:
+            compaction_enqueuer()(conversation_id, db)
+    except Exception:
+        logger.exception("Could not rebuild conversation %s's withheld summary.", conversation_id)
+
+
 def conversation_autocompact(
     *, conversation: Conversation, schedule: Schedule
 ) -> AutoCompaction | None:

@@ -15,7 +15,6 @@ the record a revert restores from, the proposals of the versions covering it.
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from typing import Any
 
@@ -24,15 +23,11 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from ctxsum import tokens
-from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.services.autocompact import SYNC, compaction_enqueuer
+from ctxsum.services.autocompact import withheld_rebuild
 from ctxsum.services.fact_merge import facts_cite, facts_forget, facts_lock
-from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.services.summaries import summary_size
 from ctxsum.services.transactions import write_db
-
-logger = logging.getLogger("ctxsum.compaction")
 
 REDACTED = "[redacted]"
 # The text of a summary version that covered a redacted message; the shorter ones stand in
@@ -139,22 +134,5 @@ def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:
     change = [size - count for _pk, active, count in versions if active]
     if change:
         db = write_db(locked)
-        transaction.on_commit(partial(_rebuild_soon, str(locked.pk), db), using=db)
+        transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)
     return sum(change)
-
-
-def _rebuild_soon(conversation_id: str, db: str) -> None:
-    """After the commit, with AUTO_COMPACT: the withheld summary is written anew by the
-    compaction task, which rebuilds a withheld summary (services/autocompact.py), or right
-    here with the ``sync`` runner. Never raises: the redaction stands, and the summary stays
-    withheld (stale, so ``ctxsum_rebuild --stale`` finds it) until a rebuild succeeds."""
-    if not ctxsum_settings.AUTO_COMPACT:
-        return
-    try:
-        if ctxsum_settings.COMPACTION_RUNNER == SYNC:
-            conversation = Conversation.objects.using(db).get(pk=conversation_id)
-            conversation_rebuild(conversation=conversation)
-        else:
-            compaction_enqueuer()(conversation_id, db)
-    except Exception:
-        logger.exception("Could not rebuild conversation %s's withheld summary.", conversation_id)

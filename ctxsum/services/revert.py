@@ -25,6 +25,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
+from ctxsum.services.autocompact import withheld_rebuild
 from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
 from ctxsum.services.fact_merge import facts_lock, facts_revert, facts_to_revert
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
@@ -159,4 +160,7 @@ def _commit(
             attempt=attempt,
         )
         transaction.on_commit(send, using=db)
+        if previous is not None and previous.covers_redacted:
+            # Back to a version withheld after a redaction: rebuilt by itself (invariant f).
+            transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)
     return locked, restored, attempt
