@@ -37,7 +37,7 @@ from tests.postgres import POSTGRES, held_openai, wait_until
 
 pytestmark = POSTGRES
 
-LEASE_SECONDS = 5  # short, yet long enough to see it live on a loaded CI machine
+LEASE_SECONDS = 8  # short, yet long enough for a worker to start on a loaded CI machine
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = system_message("You book trips.")
 HISTORY = [long_user_message(f"u{index}") for index in range(6)]
@@ -183,8 +183,9 @@ DATABASE_TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 WORKER = ["manage.py", "db_worker", "--interval", "0.05", "--no-startup-delay", "--no-reload"]
 
 
-def start_db_worker(fake: FakeOpenAI) -> subprocess.Popen[str]:
-    env = {**child_env(fake), "CTXSUM_LOG_LEVEL": "WARNING"}
+def start_db_worker(fake: FakeOpenAI, **env_extra: str) -> subprocess.Popen[str]:
+    """A real ``manage.py db_worker`` process, talking to ``fake``."""
+    env = {**child_env(fake), "CTXSUM_LOG_LEVEL": "WARNING", **env_extra}
     return subprocess.Popen(
         [sys.executable, *WORKER],
         cwd=ROOT,
@@ -255,7 +256,7 @@ def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fa
         def compacted() -> bool:
             return Summary.objects.filter(conversation=conversation, active=True).exists()
 
-        retried = wait_until(compacted, timeout=3 * LEASE_SECONDS)
+        retried = wait_until(compacted, timeout=4 * LEASE_SECONDS)
         assert retried, "the lost compaction was not retried"
         attempt = CompactionAttempt.objects.get(conversation=conversation)
         assert (attempt.outcome, attempt.reason) == ("compacted", Reason.COMPACTED)
@@ -266,7 +267,7 @@ def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fa
             pending = DBTaskResult.objects.exclude(pk=lost.pk).exclude(status="SUCCESSFUL")
             return not pending.exists()
 
-        assert wait_until(settled, timeout=3 * LEASE_SECONDS), "a deferred check never ran"
+        assert wait_until(settled, timeout=4 * LEASE_SECONDS), "a deferred check never ran"
     finally:
         output = stop_db_worker(second)
 
@@ -356,7 +357,7 @@ def test_a_db_worker_stopped_twice_mid_call_records_interrupted_and_is_retried(
         def compacted() -> bool:
             return Summary.objects.filter(conversation=conversation, active=True).exists()
 
-        retried = wait_until(compacted, timeout=3 * LEASE_SECONDS)
+        retried = wait_until(compacted, timeout=4 * LEASE_SECONDS)
         assert retried, "the interrupted compaction was not retried"
     finally:
         output = stop_db_worker(second)

@@ -11,9 +11,7 @@ other runners: Celery in its eager mode, "sync", and a project's own enqueue cal
 from __future__ import annotations
 
 import importlib
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,7 +32,7 @@ from tests.factories import OFFLINE_SUMMARIZER, long_user_message, system_messag
 from tests.invariants import assert_context_invariants
 from tests.postgres import POSTGRES, wait_until
 from tests.settings import TASKS_MODULE
-from tests.test_killed_worker import ROOT, child_env
+from tests.test_killed_worker import start_db_worker, stop_db_worker
 
 tasks_framework = importlib.import_module(TASKS_MODULE)
 task_signals = importlib.import_module(f"{TASKS_MODULE}.signals")
@@ -343,34 +341,7 @@ def worker_fake(settings, monkeypatch) -> Iterator[Any]:
 
 
 def start_worker(fake: Any) -> subprocess.Popen[str]:
-    env = {
-        **child_env(fake),
-        "CTXSUM_LEASE_SECONDS": str(WORKER_LEASE_SECONDS),
-        "CTXSUM_LOG_LEVEL": "WARNING",
-    }
-    command = ["manage.py", "db_worker", "--interval", "0.05", "--no-startup-delay", "--no-reload"]
-    return subprocess.Popen(
-        [sys.executable, *command],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def stop_worker(worker: subprocess.Popen[str]) -> str:
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(timeout=10)
-    output = worker.stdout.read() if worker.stdout else ""
-    if worker.stdout:
-        worker.stdout.close()
-    return output
+    return start_db_worker(fake, CTXSUM_LEASE_SECONDS=str(WORKER_LEASE_SECONDS))
 
 
 def postgres(test: Any) -> Any:
@@ -430,7 +401,7 @@ def test_a_db_worker_compacts_while_appends_go_on(user, worker_fake, settings):
             services.message_append(conversation=conversation, messages=message)
         assert wait_until(settled, timeout=60), "the worker left tasks unrun"
     finally:
-        output = stop_worker(worker)
+        output = stop_db_worker(worker)
 
     statuses = set(
         DBTaskResult.objects.exclude(pk__in=unfinished()).values_list("status", flat=True)
