@@ -61,6 +61,11 @@ class TurnInProgress(ChatError):
     """Another turn of the same conversation is running (its turn lock is live)."""
 
 
+class ContextRedacted(ChatError):
+    """A message the model was sent was redacted during its call: its reply, which may
+    quote it, is not stored (docs/architecture.md, invariant f)."""
+
+
 class ContextTooLong(ChatError):
     """The context, with the new message, is over MAX_CONTEXT_TOKENS even after compaction."""
 

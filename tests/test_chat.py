@@ -499,9 +499,10 @@ def assert_provider_valid(messages: list[dict[str, Any]]) -> None:
 # A turn with nothing to compact: the check of the message against the context (3: the
 # summary, the messages, the key facts), the reservation (SAVEPOINT, UPDATE, RELEASE), the
 # row as the reservation left it (1: what the turn plans from), the context again (3), and
-# the commit (SAVEPOINT, the locked read, INSERT of the two messages, UPDATE of the
-# counters, INSERT of the turn, UPDATE of the turn lock, RELEASE).
-TURN_QUERIES = 3 + 3 + 1 + 3 + 7
+# the commit (SAVEPOINT, the locked read, the check that nothing sent was redacted since:
+# the active summary and the messages' redactions, INSERT of the two messages, UPDATE of
+# the counters, INSERT of the turn, UPDATE of the turn lock, RELEASE).
+TURN_QUERIES = 3 + 3 + 1 + 3 + 9
 
 
 @pytest.mark.parametrize("size", [4, 400])

@@ -363,3 +363,98 @@ def test_a_revert_back_to_a_withheld_version_has_it_rebuilt(
     summary = Summary.objects.get(conversation=conversation, active=True)
     assert (summary.version, summary.origin, summary.covers_redacted) == (3, "rebuild", False)
     assert_erased(conversation)
+
+
+def test_a_redaction_during_a_revert_of_a_withheld_version_keeps_the_counters(
+    user, hooked, monkeypatch
+):
+    """v2 is already withheld; a redaction of what v1 covers lands after the revert read
+    its versions: the revert restores v1 as it is under the lock, not as it was read."""
+    from ctxsum.services import revert
+
+    conversation = booked_and_grown(user)
+    assert conversation_compact(conversation=fresh(conversation), force=True).compacted
+    v1, v2 = Summary.objects.filter(conversation=conversation).order_by("version")
+    newer = next(
+        row.seq
+        for row in Message.objects.filter(conversation=conversation, summary=v2).order_by("seq")
+        if row.content
+    )
+    message_redact(conversation=fresh(conversation), seq=newer)  # v2 withheld, v1 not
+    assert not Summary.objects.get(pk=v1.pk).covers_redacted
+    real = revert.facts_to_revert
+
+    def redact_first(target: Summary) -> bool:
+        redact_card(conversation)  # in v1's range: v1 withheld now
+        return real(target)
+
+    monkeypatch.setattr(revert, "facts_to_revert", redact_first)
+
+    result = conversation_revert(conversation=fresh(conversation), version=v2.version)
+
+    assert result.reverted and result.summary.covers_redacted
+    assert_erased(conversation)  # active_tokens equals the row sums
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_redaction_during_the_chat_models_call_stores_no_reply(
+    api, user, chat_model, monkeypatch, stream
+):
+    """The model was sent the card; its reply (which may quote it) is not stored once the
+    card's message was redacted during the call: 409 context_redacted, nothing stored."""
+    import ctxsum.services.chat as chat
+
+    conversation = conversation_create(
+        owner=user, system="You book flights.", messages=booking_history()
+    )
+    chat_model.reply = f"You paid with {DIGITS}."
+    real_call, real_stream = chat.call_model, chat.stream_model
+
+    def redact_then(real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            redact_card(conversation)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(chat, "call_model", redact_then(real_call))
+    monkeypatch.setattr(chat, "stream_model", redact_then(real_stream))
+    count = fresh(conversation).message_count
+    body = {"message": {"role": "user", "content": "Which card did I use?"}, "stream": stream}
+
+    response = api.post(api_url("chat", conversation), body, format="json")
+
+    if stream:
+        text = b"".join(response.streaming_content).decode()
+        assert "event: error" in text and "context_redacted" in text
+        assert "event: ctxsum" not in text
+    else:
+        assert response.status_code == 409, response.content
+        assert response.json()["code"] == "context_redacted"
+    row = fresh(conversation)
+    assert row.message_count == count and row.turn_owner == ""
+    assert_erased(conversation)
+
+
+def test_a_withheld_summary_whose_rebuild_gave_no_gain_is_not_resent_by_the_task(
+    user, hooked, settings
+):
+    from tests.backends import ReplySummarizer
+
+    conversation = booked_conversation(user)
+    redact_card(conversation)
+    archived = Message.objects.filter(conversation=conversation).archived()
+    ReplySummarizer.reply = " ".join(["word"] * (sum(r.token_count for r in archived) + 50))
+    settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": "tests.backends.ReplySummarizer"}
+    no_gain = CompactionAttempt.objects.filter(conversation=conversation, reason="no_gain")
+    queued = {"conversation_id": str(conversation.pk), "database": "default"}
+    try:
+        first = conversation_compact_queued(**queued)
+        again = conversation_compact_queued(**queued)
+    finally:
+        ReplySummarizer.reply = "A summary."
+
+    assert first.reason == Reason.NO_GAIN and no_gain.count() == 1
+    assert again.reason != Reason.NO_GAIN and no_gain.count() == 1  # no second call
+    assert summary_withheld(conversation=conversation)
+    assert_erased(conversation)

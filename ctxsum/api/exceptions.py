@@ -12,6 +12,7 @@ from rest_framework import exceptions, status
 
 from ctxsum.exceptions import (
     CallLimitReached,
+    ContextRedacted,
     ContextTooLong,
     ModelError,
     SummarizerError,
@@ -60,6 +61,12 @@ class TurnConflict(exceptions.APIException):
     default_code = "turn_in_progress"
 
 
+class ContextRedactedConflict(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = _("A message the model was sent was redacted during its call.")
+    default_code = "context_redacted"
+
+
 class CallLimit(exceptions.APIException):
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_detail = _("A limit of model calls is reached.")
@@ -90,6 +97,8 @@ def _chat_exception(exc: Exception) -> Exception:
         return CallLimit(str(exc), scope=exc.scope)
     if isinstance(exc, ContextTooLong):
         return ContextTooLongError(str(exc))
+    if isinstance(exc, ContextRedacted):
+        return ContextRedactedConflict(str(exc))
     if isinstance(exc, ModelError):
         # The provider's own words go to the log, not to the client: an operational
         # event, not a bug, so no traceback.

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from functools import wraps
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError
 from django.http import StreamingHttpResponse
 from django.http.request import RawPostDataException
 from django.utils.translation import gettext_lazy as _
@@ -144,7 +143,7 @@ def _answer_store(claim: Claim, response: Response) -> None:
     key in progress, then its answer lost, and never run the write again."""
     try:
         key_answer(claim, status=response.status_code, data=response.data)
-    except DatabaseError:
+    except Exception:
         logger.exception("The answer to Idempotency-Key claim %s could not be stored.", claim.pk)
 
 

@@ -695,7 +695,8 @@ ERRORS = {
         "Nothing was run: the Idempotency-Key names another request "
         "(`idempotency_key_reused`), one still running (`idempotency_key_in_progress`), or "
         "one that was applied but never answered (`idempotency_key_answer_lost`); or another "
-        "turn of the conversation is in progress (`turn_in_progress`).",
+        "turn of the conversation is in progress (`turn_in_progress`); or a message the model "
+        "was sent was redacted during its call (`context_redacted`: the reply is not stored).",
     ),
     413: (Error, "The body, a message or a batch is over its limit."),
     415: (Error, "The body is not JSON."),

@@ -228,8 +228,9 @@ class MessageRedact(CtxsumView):
         parameters=[schema.MESSAGE_SEQ],
         errors_too=schema.BODY,
         description="The content becomes `[redacted]`; a tool call keeps its id and name but "
-        "loses its arguments. Tokens and counters are recounted, and every summary covering "
-        "the message becomes stale: rebuild them with `POST …/summaries/rebuild/`. "
+        "loses its arguments. Tokens and counters are recounted, and every summary version "
+        "covering the message is withheld at once (its text a notice, stale); with "
+        "AUTO_COMPACT a rebuild follows on the task runner, else `POST …/summaries/rebuild/`. "
         "Redacting a message again changes nothing.",
     )
     def post(self, request: Request, pk: str, seq: str) -> Response:

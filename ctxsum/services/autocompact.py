@@ -34,7 +34,7 @@ from ctxsum.policy import Reason
 from ctxsum.selectors import conversation_policy, summary_withheld
 from ctxsum.services.compaction import CompactionResult, conversation_compact, failure_reason
 from ctxsum.services.leases import lease_expires, lease_seconds
-from ctxsum.services.rebuild import conversation_rebuild
+from ctxsum.services.rebuild import conversation_rebuild, rebuild_gave_no_gain
 from ctxsum.services.transactions import write_db
 
 logger = logging.getLogger("ctxsum.compaction")
@@ -261,7 +261,9 @@ def _compact_rounds(conversation: Conversation) -> AutoCompaction:
         if not (result.compacted and result.over_trigger and conversation.next_seq > newest):
             break
     assert result is not None
-    if not result.compacted and summary_withheld(conversation=conversation):
+    db = write_db(conversation)
+    withheld = not result.compacted and summary_withheld(conversation=conversation)
+    if withheld and not rebuild_gave_no_gain(conversation, db=db):
         rebuilt = conversation_rebuild(conversation=conversation)
         version = rebuilt.summary.version if rebuilt.summary else None
         return AutoCompaction(

@@ -41,11 +41,17 @@ from ctxsum.completions import (
     unanswered_calls,
 )
 from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import ContextTooLong, MessagesInvalid, ModelError, TurnInProgress
+from ctxsum.exceptions import (
+    ContextRedacted,
+    ContextTooLong,
+    MessagesInvalid,
+    ModelError,
+    TurnInProgress,
+)
 from ctxsum.models import ChatTurn, Conversation, Message
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy
 from ctxsum.services.autocompact import AutoCompaction, autocompact_schedule
-from ctxsum.services.compaction import conversation_compact
+from ctxsum.services.compaction import active_summary_is, conversation_compact
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
 from ctxsum.services.model_calls import Attempts, call_model, model_chain, reply_clean, stream_model
@@ -55,6 +61,10 @@ from ctxsum.signals import messages_appended
 
 logger = logging.getLogger("ctxsum.chat")
 
+CONTEXT_REDACTED = (
+    "A message the model was sent was redacted during its call; its reply was not stored. "
+    "Send the turn again."
+)
 CONTEXT_TOO_LONG = (
     "The context with the new message is {tokens} tokens, over this conversation's "
     "max_context_tokens ({limit}), even after compaction."
@@ -96,6 +106,7 @@ class _Turn:
     compaction: AutoCompaction | None
     idempotency: Claim | None = None
     caller: Conversation | None = None  # the instance chat_turn was given, updated at the end
+    sent: ActiveContext | None = None  # the stored context the request holds
 
 
 @overload
@@ -244,6 +255,7 @@ def _prepare(
         attempts=Attempts(models=model_chain(primary)),
         user=user,
         compaction=compaction,
+        sent=context,
     )
 
 
@@ -347,6 +359,8 @@ def _commit(
             locked = turn_lock(turn.reservation)
         except TurnLost as lost:
             raise TurnInProgress(TURN_TAKEN_OVER) from lost
+        if turn.sent is not None and not _sent_unredacted(locked, turn.sent):
+            raise ContextRedacted(CONTEXT_REDACTED)
         key_applied(turn.idempotency)
         if locked.model != conversation.model:
             # The model changed during the call: counted with the encoding it names now.
@@ -379,6 +393,16 @@ def _commit(
     caller = turn.caller or conversation
     caller.update_from(locked)
     return ChatResult(conversation=caller, messages=stored, turn=record, compaction=turn.compaction)
+
+
+def _sent_unredacted(locked: Conversation, sent: ActiveContext) -> bool:
+    """Whether nothing the model was sent was redacted since: its summary is not withheld
+    since, and its messages are redacted as they were read. Under the row lock."""
+    if not active_summary_is(locked, sent.summary):
+        return False
+    rows = Message.objects.using(locked._state.db).filter(pk__in=[row.pk for row in sent.rows])
+    seen = sum(row.redacted_at is not None for row in sent.rows)
+    return rows.filter(redacted_at__isnull=False).count() == seen
 
 
 def _announce(conversation: Conversation, stored: list[Message]) -> None:

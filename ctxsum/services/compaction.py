@@ -296,7 +296,7 @@ def _commit(
             summary=summary,
             attempt=attempt,
         )
-        transaction.on_commit(send, using=run.db)
+        transaction.on_commit(send, using=run.db, robust=True)
     return summary, attempt
 
 
@@ -524,4 +524,4 @@ def _failed(run: _Run, error: BaseException) -> None:
         attempt=attempt,
         error=error,
     )
-    transaction.on_commit(send, using=run.db)
+    transaction.on_commit(send, using=run.db, robust=True)

@@ -64,12 +64,6 @@ def lease_expires(conversation: Conversation) -> datetime | None:
     return conversation.leased_at + timedelta(seconds=lease_seconds())
 
 
-def lease_held(conversation: Conversation) -> bool:
-    """Whether ``conversation``, as read, shows a live lease: another worker is summarizing."""
-    expires = lease_expires(conversation)
-    return expires is not None and expires > timezone.now()
-
-
 def lease_renew(conversation: Conversation, token: str, *, db: str) -> None:
     """Extend the lease before another summarizer call; raises LeaseLost when it is gone."""
     rows = Conversation.objects.using(db).filter(pk=conversation.pk, lease_owner=token)

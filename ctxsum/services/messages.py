@@ -288,5 +288,5 @@ def _appended(locked: Conversation, rows: list[Message], *, db: str) -> Schedule
     """After the rows are stored (in the append's transaction, or by its one statement):
     ``messages_appended`` sent once they commit, and what follows the append."""
     send = partial(messages_appended.send, sender=Conversation, conversation=locked, messages=rows)
-    transaction.on_commit(send, using=db)
+    transaction.on_commit(send, using=db, robust=True)
     return autocompact_schedule(locked)

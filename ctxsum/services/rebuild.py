@@ -2,12 +2,12 @@
 prompt.
 
 A summary is stale when the prompt that wrote it is not the current one (its version or its
-text changed) or when a message it covers was redacted. A compaction would fold the stale
-text into the next summary as if it were current; a rebuild instead summarizes every
-archived message again, chunked like any compaction, under the same lease and the same
-compare-and-commit (docs/architecture.md). The version it replaces is kept, marked
-superseded; the archived messages stay as they are, and the new version covers the same
-range.
+text changed) or when a message it covers was redacted (its text is withheld then). A
+compaction would fold a stale text into the next summary as if it were current; a rebuild
+instead summarizes every archived message again, chunked like any compaction, under the
+same lease, the same no-gain guard and the same compare-and-commit (docs/architecture.md).
+The version it replaces is kept, marked superseded; the archived messages stay as they are,
+and the new version covers the same range.
 """
 
 from __future__ import annotations
@@ -55,12 +55,14 @@ class Rebuilt:
 
 def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
     """Write the conversation's active summary anew from every archived message, under the
-    current prompt, at most as long as the summary it replaces.
+    current prompt, at most as long as the summary it replaces (a withheld one: as long as
+    a compaction's summary may be, within the ceiling).
 
     ``nothing_to_summarize`` when the conversation has no summary, ``in_progress`` when
-    another worker holds the lease, ``conflict`` when a compaction changed the summary
-    meanwhile. A summarizer failure changes nothing, is recorded and raised, like a
-    compaction's. ``conversation`` is brought up to date.
+    another worker holds the lease, ``conflict`` when a compaction changed the summary, or
+    a message it read was redacted, meanwhile, ``no_gain`` (recorded) when the new summary
+    is not smaller than the messages it stands for. A summarizer failure changes nothing,
+    is recorded and raised, like a compaction's. ``conversation`` is brought up to date.
     """
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
@@ -183,14 +185,25 @@ def _commit(
 
 
 def _record_no_gain(conversation: Conversation, previous: Summary, *, db: str) -> None:
+    # ``summary``: the version it could not rebuild with a gain (rebuild_gave_no_gain).
     attempt_record(
         conversation,
         db=db,
         outcome=Outcome.SKIPPED,
         reason=Reason.NO_GAIN,
+        summary=previous,
         from_seq=previous.from_seq,
         to_seq=previous.to_seq,
     )
+
+
+def rebuild_gave_no_gain(conversation: Conversation, *, db: str) -> bool:
+    """Whether a rebuild of the active summary already gave no gain: the automatic rebuild
+    of a withheld summary does not call the summarizer for it again (a person still can)."""
+    attempts = CompactionAttempt.objects.using(db).filter(
+        conversation=conversation, reason=Reason.NO_GAIN, summary__active=True
+    )
+    return attempts.exists()
 
 
 def _failed(

@@ -32,7 +32,7 @@ from ctxsum.services.transactions import write_db
 REDACTED = "[redacted]"
 # The text of a summary version that covered a redacted message; the shorter ones stand in
 # for a summary that was shorter than the notice, so the context never grows.
-WITHHELD = "[Withheld after a redaction; being rewritten.]"
+WITHHELD = "[Summary withheld after a redaction.]"
 WITHHELD_SHORTER = ("[withheld]", "…")
 
 

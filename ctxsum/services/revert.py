@@ -25,6 +25,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
+from ctxsum.selectors import SUMMARY_HEAVY
 from ctxsum.services.autocompact import withheld_rebuild
 from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
 from ctxsum.services.fact_merge import facts_lock, facts_revert, facts_to_revert
@@ -101,6 +102,31 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
     )
 
 
+def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summary | None]:
+    """Under the row lock and the lease: the messages ``target`` archived active again, and
+    the version it was written from active again (None: there is none), read now: a
+    redaction may have withheld it since ``target`` was read."""
+    db = locked._state.db
+    archived = Message.objects.using(db).filter(conversation=locked, summary=target)
+    restored = list(archived.order_by("seq"))
+    # Inside the transaction under the row lock and the lease, nobody else archives or
+    # restores: the rows read are the rows updated.
+    archived.update(summary=None)
+    for row in restored:
+        row.summary = None
+    # One active summary per conversation: the reverted one goes first.
+    Summary.objects.using(db).filter(pk=target.pk).update(active=False, reverted=True)
+    target.active, target.reverted = False, True
+    if target.previous_id is None:
+        return restored, None
+    # Active again, so no longer superseded (when the reverted version rebuilt it).
+    versions = Summary.objects.using(db).filter(pk=target.previous_id)
+    versions.update(active=True, superseded=False)
+    previous = versions.defer(*SUMMARY_HEAVY).select_related("previous").get()
+    target.previous = previous
+    return restored, previous
+
+
 def _commit(
     conversation: Conversation, target: Summary, token: str, *, db: str, facts: bool
 ) -> tuple[Conversation, list[Message], CompactionAttempt]:
@@ -115,21 +141,7 @@ def _commit(
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, target):
             raise _Conflict
-        archived = Message.objects.using(db).filter(conversation=locked, summary=target)
-        restored = list(archived.order_by("seq"))
-        # Inside the transaction under the row lock and the lease, nobody else archives or
-        # restores: the rows read are the rows updated.
-        archived.update(summary=None)
-        for row in restored:
-            row.summary = None
-        # One active summary per conversation: the reverted one goes first.
-        Summary.objects.using(db).filter(pk=target.pk).update(active=False, reverted=True)
-        target.active, target.reverted = False, True
-        previous = target.previous
-        if previous is not None:
-            # Active again, so no longer superseded (when the reverted version rebuilt it).
-            Summary.objects.using(db).filter(pk=previous.pk).update(active=True, superseded=False)
-            previous.active, previous.superseded = True, False
+        restored, previous = _restore(locked, target)
         before = locked.context_tokens
         restored_tokens = sum(row.token_count for row in restored)
         locked.active_message_count += len(restored)
@@ -159,7 +171,7 @@ def _commit(
             restored=previous,
             attempt=attempt,
         )
-        transaction.on_commit(send, using=db)
+        transaction.on_commit(send, using=db, robust=True)
         if previous is not None and previous.covers_redacted:
             # Back to a version withheld after a redaction: rebuilt by itself (invariant f).
             transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)
