@@ -356,3 +356,32 @@ def test_a_receiver_failing_once_the_turn_committed_does_not_fail_it(
         assert all(name != "error" for name, _ in parsed)
     assert ChatTurn.objects.filter(conversation=chatting).count() == 1
     assert_logged(caplog, chatting, "messages_appended")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_summary_created_receiver_failing_does_not_fail_the_compaction(
+    api, user, offline_summarizer, caplog
+):
+    """``summary_created`` is sent once the compaction commits (a real commit here): a
+    receiver that raises is logged; the compaction is answered as done and recorded once."""
+    from ctxsum.models import CompactionAttempt
+    from ctxsum.signals import summary_created
+
+    conversation = conversation_create(
+        owner=user, messages=HISTORY, trigger={"messages": 6}, keep={"messages": 2}
+    )
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("a receiver broke")
+
+    summary_created.connect(broken, dispatch_uid="told-is-stored-summary")
+    try:
+        response = api.post(api_url("compact", conversation), {"force": True}, format="json")
+    finally:
+        summary_created.disconnect(dispatch_uid="told-is-stored-summary")
+
+    assert_success(response)
+    assert response.json()["compacted"] is True
+    attempts = CompactionAttempt.objects.filter(conversation=conversation)
+    assert list(attempts.values_list("outcome", flat=True)) == ["compacted"]
+    assert any("a receiver broke" in str(r.exc_info) for r in caplog.records if r.exc_info)

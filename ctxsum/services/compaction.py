@@ -26,7 +26,7 @@ from ctxsum.selectors import ActiveContext, context_get, conversation_policy, cu
 from ctxsum.services.fact_merge import facts_commit, facts_lock
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
-from ctxsum.services.transactions import write_db
+from ctxsum.services.transactions import after_commit, write_db
 from ctxsum.signals import compaction_failed, summary_created
 
 logger = logging.getLogger("ctxsum.compaction")
@@ -296,7 +296,7 @@ def _commit(
             summary=summary,
             attempt=attempt,
         )
-        transaction.on_commit(send, using=run.db, robust=True)
+        after_commit(send, using=run.db)
     return summary, attempt
 
 
@@ -524,4 +524,4 @@ def _failed(run: _Run, error: BaseException) -> None:
         attempt=attempt,
         error=error,
     )
-    transaction.on_commit(send, using=run.db, robust=True)
+    after_commit(send, using=run.db)

@@ -34,7 +34,7 @@ from ctxsum.services.autocompact import (
 )
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.inserts import rows_insert
-from ctxsum.services.transactions import write_db
+from ctxsum.services.transactions import after_commit, write_db
 from ctxsum.signals import messages_appended
 from ctxsum.validation import (
     EXTRA_FIELDS,
@@ -288,5 +288,5 @@ def _appended(locked: Conversation, rows: list[Message], *, db: str) -> Schedule
     """After the rows are stored (in the append's transaction, or by its one statement):
     ``messages_appended`` sent once they commit, and what follows the append."""
     send = partial(messages_appended.send, sender=Conversation, conversation=locked, messages=rows)
-    transaction.on_commit(send, using=db, robust=True)
+    after_commit(send, using=db)
     return autocompact_schedule(locked)

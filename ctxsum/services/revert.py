@@ -30,7 +30,7 @@ from ctxsum.services.autocompact import withheld_rebuild
 from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
 from ctxsum.services.fact_merge import facts_lock, facts_revert, facts_to_revert
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
-from ctxsum.services.transactions import write_db
+from ctxsum.services.transactions import after_commit, write_db
 from ctxsum.signals import summary_reverted
 
 NOT_ACTIVE = _(
@@ -171,7 +171,7 @@ def _commit(
             restored=previous,
             attempt=attempt,
         )
-        transaction.on_commit(send, using=db, robust=True)
+        after_commit(send, using=db)
         if previous is not None and previous.covers_redacted:
             # Back to a version withheld after a redaction: rebuilt by itself (invariant f).
             transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)

@@ -8,11 +8,30 @@ hooks after them all happen there (docs/architecture.md, "Transactions").
 
 from __future__ import annotations
 
-from django.db import router
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import router, transaction
 
 from ctxsum.models import Conversation
+
+logger = logging.getLogger("ctxsum")
 
 
 def write_db(conversation: Conversation | None = None) -> str:
     """The alias of the database ctxsum's rows are written to."""
     return router.db_for_write(Conversation, instance=conversation)
+
+
+def after_commit(func: Callable[[], Any], *, using: str) -> None:
+    """Run ``func`` (a signal's send) once the transaction on ``using`` commits. What it
+    raises is logged, never raised: the write committed, and whoever asked is told so."""
+
+    def run() -> None:
+        try:
+            func()
+        except Exception:
+            logger.exception("After a commit on %s: %r failed.", using, func)
+
+    transaction.on_commit(run, using=using)
