@@ -161,7 +161,9 @@ def message_redact(
     if request.method == "POST":
         services.message_redact(conversation=conversation, seq=seq)
         model_admin.log_change(request, conversation, f"Redacted message {seq}.")
-        text = gettext("Message %(seq)d was redacted; the summaries covering it are now stale.")
+        text = gettext(
+            "Message %(seq)d was redacted; the summaries covering it are withheld until rebuilt."
+        )
         model_admin.message_user(request, text % {"seq": seq}, messages.SUCCESS)
         return HttpResponseRedirect(f"{review}?page={queries.page_of(seq)}#m{seq}")
     context = _page(
