@@ -196,6 +196,15 @@ def start_db_worker(fake: FakeOpenAI, **env_extra: str) -> subprocess.Popen[str]
     )
 
 
+def compacted_within(conversation: Conversation, seconds: float) -> bool:
+    """Whether the conversation has an active summary within ``seconds`` (polled)."""
+
+    def compacted() -> bool:
+        return Summary.objects.filter(conversation=conversation, active=True).exists()
+
+    return wait_until(compacted, timeout=seconds)
+
+
 def stop_db_worker(worker: subprocess.Popen[str], how: signal.Signals = signal.SIGTERM) -> str:
     if worker.poll() is None:
         worker.send_signal(how)
@@ -252,11 +261,7 @@ def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fa
     fake.release()
     second = start_db_worker(fake)
     try:
-
-        def compacted() -> bool:
-            return Summary.objects.filter(conversation=conversation, active=True).exists()
-
-        retried = wait_until(compacted, timeout=4 * LEASE_SECONDS)
+        retried = compacted_within(conversation, 4 * LEASE_SECONDS)
         assert retried, "the lost compaction was not retried"
         attempt = CompactionAttempt.objects.get(conversation=conversation)
         assert (attempt.outcome, attempt.reason) == ("compacted", Reason.COMPACTED)
@@ -353,11 +358,7 @@ def test_a_db_worker_stopped_twice_mid_call_records_interrupted_and_is_retried(
     fake.release()
     second = start_db_worker(fake)
     try:
-
-        def compacted() -> bool:
-            return Summary.objects.filter(conversation=conversation, active=True).exists()
-
-        retried = wait_until(compacted, timeout=4 * LEASE_SECONDS)
+        retried = compacted_within(conversation, 4 * LEASE_SECONDS)
         assert retried, "the interrupted compaction was not retried"
     finally:
         output = stop_db_worker(second)

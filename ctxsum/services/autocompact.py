@@ -147,12 +147,11 @@ def withheld_rebuild(conversation_id: str, db: str) -> None:
     succeeds."""
     if not ctxsum_settings.AUTO_COMPACT:
         return
+    if ctxsum_settings.COMPACTION_RUNNER != SYNC:
+        _enqueue(conversation_id, db)
+        return
     try:
-        if ctxsum_settings.COMPACTION_RUNNER == SYNC:
-            conversation = Conversation.objects.using(db).get(pk=conversation_id)
-            conversation_rebuild(conversation=conversation)
-        else:
-            compaction_enqueuer()(conversation_id, db)
+        conversation_rebuild(conversation=Conversation.objects.using(db).get(pk=conversation_id))
     except Exception:
         logger.exception("Could not rebuild conversation %s's withheld summary.", conversation_id)
 

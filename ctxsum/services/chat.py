@@ -22,7 +22,6 @@ logged when it fails, never raised.
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -55,11 +54,9 @@ from ctxsum.services.compaction import active_summary_is, conversation_compact
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
 from ctxsum.services.model_calls import Attempts, call_model, model_chain, reply_clean, stream_model
-from ctxsum.services.transactions import write_db
+from ctxsum.services.transactions import after_commit, write_db
 from ctxsum.services.turns import Reservation, TurnLost, turn_lock, turn_release, turn_reserve
 from ctxsum.signals import messages_appended
-
-logger = logging.getLogger("ctxsum.chat")
 
 CONTEXT_REDACTED = (
     "A message the model was sent was redacted during its call; its reply was not stored. "
@@ -72,9 +69,6 @@ CONTEXT_TOO_LONG = (
 TURN_TAKEN_OVER = (
     "The turn ran longer than CHAT_TURN_SECONDS and another turn took the conversation "
     "over; nothing was stored."
-)
-ANNOUNCE_FAILED = (
-    "Conversation %s: a messages_appended receiver failed after a chat turn was stored."
 )
 # What the commit changes on the conversation row besides the append's counters.
 TURN_FIELDS = ("turn_owner", "turn_started_at")
@@ -389,7 +383,10 @@ def _commit(
         # queued for after the commit (never one in this process: the reply is waiting;
         # the next turn compacts before its call if none has run by then).
         autocompact_schedule(locked)
-        transaction.on_commit(partial(_announce, locked, stored), using=db)
+        send = partial(
+            messages_appended.send, sender=Conversation, conversation=locked, messages=stored
+        )
+        after_commit(send, using=db, what=f"messages_appended of conversation {locked.pk}")
     caller = turn.caller or conversation
     caller.update_from(locked)
     return ChatResult(conversation=caller, messages=stored, turn=record, compaction=turn.compaction)
@@ -403,12 +400,3 @@ def _sent_unredacted(locked: Conversation, sent: ActiveContext) -> bool:
     rows = Message.objects.using(locked._state.db).filter(pk__in=[row.pk for row in sent.rows])
     seen = sum(row.redacted_at is not None for row in sent.rows)
     return rows.filter(redacted_at__isnull=False).count() == seen
-
-
-def _announce(conversation: Conversation, stored: list[Message]) -> None:
-    """``messages_appended``, once the turn committed: a receiver that fails is logged, and
-    the turn, which is stored, is not reported as failed."""
-    try:
-        messages_appended.send(sender=Conversation, conversation=conversation, messages=stored)
-    except Exception:
-        logger.exception(ANNOUNCE_FAILED, conversation.pk)

@@ -10,6 +10,7 @@ conversation exactly as it was; losing a race wastes a summary, never a message.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -296,7 +297,7 @@ def _commit(
             summary=summary,
             attempt=attempt,
         )
-        after_commit(send, using=run.db)
+        after_commit(send, using=run.db, what=f"summary_created of conversation {locked.pk}")
     return summary, attempt
 
 
@@ -508,13 +509,16 @@ def _skipped(
     )
 
 
+def failure_log(error: BaseException) -> Callable[..., None]:
+    """How a failure is logged: a summarizer's failure or an interruption is an operational
+    event, a warning; anything else is a bug, with its traceback."""
+    operational = isinstance(error, SummarizerError) or not isinstance(error, Exception)
+    return logger.warning if operational else logger.exception
+
+
 def _failed(run: _Run, error: BaseException) -> None:
     reason = failure_reason(error)
-    # A summarizer failure or an interruption is an operational event; anything else is a
-    # bug: its traceback.
-    operational = isinstance(error, SummarizerError) or reason == Reason.INTERRUPTED
-    log = logger.warning if operational else logger.exception
-    log("Compaction of conversation %s failed: %s", run.conversation.pk, error)
+    failure_log(error)("Compaction of conversation %s failed: %s", run.conversation.pk, error)
     detail = f"{type(error).__name__}: {error}"
     attempt = _record(run, Outcome.FAILED, reason, archived=run.archived, error=detail)
     send = partial(
@@ -524,4 +528,5 @@ def _failed(run: _Run, error: BaseException) -> None:
         attempt=attempt,
         error=error,
     )
-    after_commit(send, using=run.db)
+    what = f"compaction_failed of conversation {run.conversation.pk}"
+    after_commit(send, using=run.db, what=what)

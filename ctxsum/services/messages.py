@@ -288,5 +288,5 @@ def _appended(locked: Conversation, rows: list[Message], *, db: str) -> Schedule
     """After the rows are stored (in the append's transaction, or by its one statement):
     ``messages_appended`` sent once they commit, and what follows the append."""
     send = partial(messages_appended.send, sender=Conversation, conversation=locked, messages=rows)
-    after_commit(send, using=db)
+    after_commit(send, using=db, what=f"messages_appended of conversation {locked.pk}")
     return autocompact_schedule(locked)

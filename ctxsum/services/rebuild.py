@@ -20,7 +20,6 @@ from django.db import DatabaseError, transaction
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
-from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, summary_budget
 from ctxsum.selectors import conversation_policy
@@ -29,6 +28,7 @@ from ctxsum.services.compaction import (
     NoGain,
     active_summary_is,
     attempt_record,
+    failure_log,
     failure_reason,
     gain_check,
     redactions_unchanged,
@@ -95,28 +95,29 @@ def _rebuild_leased(
         .filter(conversation=conversation, summary__isnull=False)
         .order_by("seq")
     )
+    stands_for = sum(row.token_count for row in archived)
     # Outside every transaction, like a compaction's summarizer call.
     written = summary_write(
         conversation,
         None,
         archived,
-        budget=_budget(conversation, previous, archived),
+        budget=_budget(conversation, previous, stands_for),
         before_call=partial(lease_renew, conversation, token, db=db),
     )
     # The compaction's guard: smaller than the messages it stands for.
-    gain_check(written, replaced_tokens=sum(row.token_count for row in archived))
+    gain_check(written, replaced_tokens=stands_for)
     checked = summary_coverage(None, archived, written.text)
     return _commit(conversation, previous, written, checked, token, archived=archived, db=db)
 
 
-def _budget(conversation: Conversation, previous: Summary, archived: list[Message]) -> int:
+def _budget(conversation: Conversation, previous: Summary, stands_for: int) -> int:
     """The rebuilt summary's length budget: no longer than the summary it replaces, so the
     context does not grow; or, for a summary withheld after a redaction (its text is a
     short notice now), what a summary of the archived messages may take, within the
     conversation's ceiling."""
     budget = summary_budget(
         previous_tokens=0,
-        archived_tokens=sum(row.token_count for row in archived),
+        archived_tokens=stands_for,
         max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
         goal_tokens=None,
     )
@@ -209,11 +210,7 @@ def rebuild_gave_no_gain(conversation: Conversation, *, db: str) -> bool:
 def _failed(
     conversation: Conversation, previous: Summary, error: BaseException, *, db: str
 ) -> None:
-    # An interruption (not an Exception: an exit, a timeout, a cancellation) is recorded as
-    # ``interrupted`` by failure_reason, and logged without a traceback, like a summarizer's.
-    operational = isinstance(error, SummarizerError) or not isinstance(error, Exception)
-    log = logger.warning if operational else logger.exception
-    log("Rebuild of conversation %s's summary failed: %s", conversation.pk, error)
+    failure_log(error)("Rebuild of conversation %s's summary failed: %s", conversation.pk, error)
     attempt_record(
         conversation,
         db=db,

@@ -171,7 +171,7 @@ def _commit(
             restored=previous,
             attempt=attempt,
         )
-        after_commit(send, using=db)
+        after_commit(send, using=db, what=f"summary_reverted of conversation {locked.pk}")
         if previous is not None and previous.covers_redacted:
             # Back to a version withheld after a redaction: rebuilt by itself (invariant f).
             transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)

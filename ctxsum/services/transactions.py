@@ -24,14 +24,15 @@ def write_db(conversation: Conversation | None = None) -> str:
     return router.db_for_write(Conversation, instance=conversation)
 
 
-def after_commit(func: Callable[[], Any], *, using: str) -> None:
+def after_commit(func: Callable[[], Any], *, using: str, what: str) -> None:
     """Run ``func`` (a signal's send) once the transaction on ``using`` commits. What it
-    raises is logged, never raised: the write committed, and whoever asked is told so."""
+    raises is logged with ``what`` it was, never raised: the write committed, and whoever
+    asked is told so."""
 
     def run() -> None:
         try:
             func()
         except Exception:
-            logger.exception("After a commit on %s: %r failed.", using, func)
+            logger.exception("%s failed after the commit; what it followed stands.", what)
 
     transaction.on_commit(run, using=using)
