@@ -114,5 +114,5 @@ def rewind(built: Built) -> None:
 def kept_messages(context: Any) -> list[Mapping[str, Any]]:
     """The verbatim messages of a compacted context (after its system message and
     summary): LangChain's state holds the same ones."""
-    skip = int(context.leading) + int(context.summary is not None)
+    skip = int(context.layout.leading) + int(context.summary is not None)
     return list(context.messages[skip:])

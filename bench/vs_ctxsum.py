@@ -59,7 +59,7 @@ def run_ctxsum(
         context = compacted.context
         if check:
             recount(context)
-        system = context.tokens[0] if context.leading else 0
+        system = context.tokens[0] if context.layout.leading else 0
         result.calls.append(Call(index, context.token_count, system))
         if pinned and not system:
             result.system_kept = False

@@ -9,3 +9,7 @@ class CtxsumConfig(AppConfig):
 
     def ready(self) -> None:
         from ctxsum import checks  # noqa: F401  (registers the system checks)
+        from ctxsum.hooks import contribute_block
+        from ctxsum.services.fact_block import FACTS_BLOCK, facts_block
+
+        contribute_block(FACTS_BLOCK, facts_block)

@@ -88,6 +88,14 @@ class Conversation(models.Model):
         reply priming every request pays)."""
         return tokens.context_tokens([self.active_tokens])
 
+    @property
+    def context_messages(self) -> int:
+        """The active context's message count, from the counters alone: the active messages,
+        a summary whenever a message left the context (archived, or a replaced system prompt:
+        at worst one too many) and the facts block when it shows any."""
+        left = self.message_count > self.active_message_count
+        return self.active_message_count + int(left) + int(self.facts_tokens > 0)
+
     def update_from(self, other: Conversation) -> None:
         """Take every field value of ``other``, a later read of the same row: how services
         bring the instance they were given up to date without another query."""

@@ -1,12 +1,10 @@
 """When to compact a conversation and where to cut it: pure functions, no ORM, no I/O
 (messages are marked for translation; nothing else of Django is used).
 
-Everything here works on the active context as it would be sent, in OpenAI chat format:
-an optional leading system/developer message, the active summary (a user message) if
-there is one, the key facts block (a user message) if there is one, then the active
-messages. The pinned front (``history_start`` messages) is never archived;
-``messages[start:cutoff]`` is what a compaction archives and replaces with a new summary;
-``messages[cutoff:]`` is the tail kept verbatim.
+The planner reads the active context as its ``ContextLayout`` (``ctxsum.layout``): the
+pinned parts, never archived, and the body, the active messages in seq order. A compaction
+archives the body's oldest messages, a range of seqs, and replaces them with a new summary;
+the rest of the body is kept verbatim.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from typing import Any
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum.tokens import context_tokens
+from ctxsum.layout import PINNED_MAX, ContextLayout, SeqRange
 
 Message = Mapping[str, Any]
 
@@ -44,9 +42,6 @@ KEEP_LEAVES_NO_ROOM = _(
     "reaches trigger.messages ({trigger}): every compacted context would still reach the "
     "trigger. Keep at most {most} messages."
 )
-# What a compacted context can hold besides the kept tail: the leading system message, the
-# summary and the key facts block (history_start's three pinned messages).
-PINNED_MAX = 3
 # The largest max_context_tokens a conversation can store (its column's range everywhere).
 MAX_CONTEXT_TOKENS_LIMIT = 2**31 - 1
 # The smallest summary length a compaction asks for, in tokens.
@@ -271,13 +266,6 @@ def pair_tool_results(messages: Sequence[Message]) -> dict[int, int | None]:
     return pairs
 
 
-def history_start(*, leading: bool, has_summary: bool, has_facts: bool = False) -> int:
-    """How many messages at the front are pinned: the leading system/developer message,
-    then the active summary, then the key facts block. They are never archived; a new
-    summary replaces the old one, and the facts block stays (its facts are merged)."""
-    return int(leading) + int(has_summary) + int(has_facts)
-
-
 def retention_cutoff(tokens: Sequence[int], *, start: int, keep: Keep) -> int:
     """The preferred cutoff: the index of the first message the retention rule keeps.
 
@@ -381,17 +369,18 @@ class Sizing:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """What a compaction of a context would do: archive ``messages[start:cutoff]`` and ask
-    for a summary of at most ``summary_budget`` tokens.
+    """What a compaction of a context would do: archive the body's messages in ``archive``
+    (None: none), keep its newest ``kept`` verbatim, and ask for a summary of at most
+    ``summary_budget`` tokens.
 
-    The ``*_after`` numbers estimate the compacted context (pinned messages, a summary of
-    the budgeted size, the kept tail); ``over_trigger`` says that even so it would still
-    reach the trigger or exceed the ceiling.
+    The ``*_after`` numbers estimate the compacted context (pinned parts, a summary of the
+    budgeted size, the kept tail); ``over_trigger`` says that even so it would still reach
+    the trigger or exceed the ceiling.
     """
 
     reason: Reason
-    start: int
-    cutoff: int
+    archive: SeqRange | None
+    kept: int
     message_count_before: int
     tokens_before: int
     message_count_after: int
@@ -405,22 +394,19 @@ class Plan:
 
 
 def plan_compaction(
-    messages: Sequence[Message],
-    tokens: Sequence[int],
+    layout: ContextLayout,
+    body: Sequence[Message],
     *,
-    leading: bool,
-    has_summary: bool,
     policy: Policy,
     force: bool = False,
     sizing: Sizing = Sizing(),
-    has_facts: bool = False,
 ) -> Plan:
-    """Decide whether and where to compact the active context ``messages``.
+    """Decide whether and where to compact the context ``layout`` describes; ``body`` holds
+    its body messages (OpenAI format), for the tool boundaries.
 
-    ``tokens`` holds each message's token count. ``has_facts``: a key facts block follows
-    the summary (or the leading message); like the summary it is pinned, and a compacted
-    context keeps it at its current size. ``force`` ignores the trigger (a manual
-    compaction) but still honours the pinned front, retention and tool boundaries.
+    The pinned parts stay; a compacted context keeps the contributed blocks (the key facts
+    block) at their current size. ``force`` ignores the trigger (a manual compaction) but
+    still honours retention and tool boundaries.
 
     Retention's ``keep`` is the most that stays verbatim. When keeping it would leave the
     context at the trigger (or above ``max_context_tokens``), fewer messages are kept, so
@@ -428,35 +414,24 @@ def plan_compaction(
     again at once; never fewer than the newest message and its tool round. If even that
     minimum stays at the trigger, the compaction still goes ahead and says ``over_trigger``.
     """
-    count = len(messages)
-    if len(tokens) != count:
-        raise ValueError(f"{len(tokens)} token counts for {count} messages.")
-    estimate = _Estimates(
-        tokens,
-        leading=leading,
-        has_summary=has_summary,
-        has_facts=has_facts,
-        policy=policy,
-        sizing=sizing,
-    )
-    start = estimate.start
-    if start > count:
-        raise ValueError(f"history_start {start} is past the {count} messages.")
-    due = policy.over(count, estimate.tokens_before)
+    if len(body) != len(layout.body_seqs):
+        raise ValueError(f"{len(body)} body messages for {len(layout.body_seqs)} seqs.")
+    estimate = _Estimates(layout, policy=policy, sizing=sizing)
+    due = policy.over(layout.message_count, estimate.tokens_before)
     if not force and not due:
         return estimate.unchanged(Reason.BELOW_TRIGGER)
-    return _cut(estimate, _ToolBoundaries(messages, start), due=due)
+    return _cut(estimate, _ToolBoundaries(body, 0), due=due)
 
 
 def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Plan:
-    """Where a context that is due (or forced) is cut: after ``keep``, or after fewer."""
-    start, keep = estimate.start, estimate.policy.keep
+    """Where a body that is due (or forced) is cut: after ``keep``, or after fewer."""
+    keep = estimate.policy.keep
     # The newest message and its tool round always stay verbatim.
-    last = boundaries.safe(estimate.count - 1) if estimate.count > start else start
-    if last <= start:
+    last = boundaries.safe(estimate.count - 1) if estimate.count else 0
+    if last <= 0:
         return estimate.unchanged(Reason.NOTHING_TO_SUMMARIZE)
-    cutoff = min(boundaries.safe(retention_cutoff(estimate.tokens, start=start, keep=keep)), last)
-    if cutoff > start:
+    cutoff = min(boundaries.safe(retention_cutoff(estimate.tokens, start=0, keep=keep)), last)
+    if cutoff > 0:
         preferred = estimate.compaction(cutoff)
         if not preferred.over_trigger:
             return preferred
@@ -465,7 +440,7 @@ def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Pla
         return estimate.unchanged(Reason.NOTHING_TO_SUMMARIZE)
     # Keeping all of ``keep`` would leave the context at the trigger: keep fewer, cutting
     # only between tool rounds, until the result lands at the target.
-    for candidate in range(max(cutoff, start) + 1, last):
+    for candidate in range(cutoff + 1, last):
         if boundaries.safe(candidate) == candidate:
             option = estimate.compaction(candidate)
             if estimate.lands(option):
@@ -474,67 +449,55 @@ def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Pla
 
 
 class _Estimates:
-    """The plans of one context, with what every candidate cutoff shares computed once."""
+    """The plans of one context, with what every candidate cutoff (an index into the body)
+    shares computed once."""
 
-    def __init__(
-        self,
-        tokens: Sequence[int],
-        *,
-        leading: bool,
-        has_summary: bool,
-        has_facts: bool,
-        policy: Policy,
-        sizing: Sizing,
-    ) -> None:
-        self.tokens, self.leading, self.policy, self.sizing = tokens, leading, policy, sizing
-        self.count = count = len(tokens)
-        self.start = start = history_start(
-            leading=leading, has_summary=has_summary, has_facts=has_facts
-        )
-        # The facts block, kept as it is by a compaction.
-        self.facts = list(tokens[start - 1 : start]) if has_facts else []
-        self.tokens_before = context_tokens(tokens)
+    def __init__(self, layout: ContextLayout, *, policy: Policy, sizing: Sizing) -> None:
+        self.layout, self.policy, self.sizing = layout, policy, sizing
+        self.tokens = layout.body_tokens
+        self.count = count = len(self.tokens)
+        self.tokens_before = layout.token_count
         self.goal = _goal_tokens(policy, sizing.target_ratio)
         # The budget is for summary text: the previous summary counts without the framing
         # (prefix, role) its context message adds.
-        previous = tokens[int(leading)] - sizing.summary_overhead if has_summary else 0
-        self.previous = max(0, previous)
+        previous = layout.summary_tokens
+        self.previous = max(0, previous - sizing.summary_overhead) if previous is not None else 0
         # archived[c]: tokens of the messages a compaction at cutoff c archives.
         self.archived = [0] * (count + 1)
-        for index in range(start, count):
-            self.archived[index + 1] = self.archived[index] + tokens[index]
+        for index in range(count):
+            self.archived[index + 1] = self.archived[index] + self.tokens[index]
 
     def unchanged(self, reason: Reason) -> Plan:
-        return self._plan(reason, self.start, self.count, self.tokens_before)
+        return self._plan(reason, 0, self.layout.message_count, self.tokens_before)
 
     def _plan(
         self, reason: Reason, cutoff: int, count_after: int, tokens_after: int, budget: int = 0
     ) -> Plan:
+        compacts = reason == Reason.COMPACTED
         return Plan(
             reason=reason,
-            start=self.start,
-            cutoff=cutoff,
-            message_count_before=self.count,
+            archive=self.layout.body_range(cutoff) if compacts else None,
+            kept=self.count - cutoff,
+            message_count_before=self.layout.message_count,
             tokens_before=self.tokens_before,
             message_count_after=count_after,
             tokens_after=tokens_after,
             summary_budget=budget,
             # Only a compaction can leave the context over: an unchanged one says so elsewhere.
-            over_trigger=reason == Reason.COMPACTED and self.policy.over(count_after, tokens_after),
+            over_trigger=compacts and self.policy.over(count_after, tokens_after),
         )
 
     def compaction(self, cutoff: int) -> Plan:
-        """Archiving ``[start:cutoff]``: the summary counted at its budget."""
+        """Archiving the body's first ``cutoff`` messages: the summary counted at its budget."""
         budget = summary_budget(
             previous_tokens=self.previous,
             archived_tokens=self.archived[cutoff],
             max_tokens=self.sizing.summary_max_tokens,
             goal_tokens=self.goal,
         )
-        pinned = self.tokens[: int(self.leading)]
-        summary = budget + self.sizing.summary_overhead
-        count_after = int(self.leading) + 1 + len(self.facts) + (self.count - cutoff)
-        tokens_after = context_tokens([*pinned, summary, *self.facts, *self.tokens[cutoff:]])
+        count_after, tokens_after = self.layout.compacted(
+            summary_tokens=budget + self.sizing.summary_overhead, kept=self.count - cutoff
+        )
         return self._plan(Reason.COMPACTED, cutoff, count_after, tokens_after, budget)
 
     def lands(self, plan: Plan) -> bool:

@@ -8,13 +8,13 @@ from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
 
-from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
+from ctxsum.hooks import Block, context_blocks
+from ctxsum.layout import LEADING, SUMMARY, ContextLayout, Part, layout_of
 from ctxsum.models import (
     ChatTurn,
     CompactionAttempt,
     Conversation,
-    Fact,
     Message,
     Summary,
     SummaryQuerySet,
@@ -94,24 +94,40 @@ def conversation_policy(conversation: Conversation) -> Policy:
 
 @dataclass(kw_only=True)
 class ActiveContext:
-    """What would be sent to the model now, with what the compaction planner needs."""
+    """What would be sent to the model now (``messages``, ``tokens``), its layout, and the
+    rows it was read from."""
 
     conversation: Conversation
-    rows: list[Message]  # active messages, the leading one first, then by seq
+    leading_row: Message | None
     summary: Summary | None
-    leading: bool
+    body_rows: list[Message]  # the active messages after the pinned parts, by seq
+    layout: ContextLayout
     messages: list[dict[str, Any]] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    # The key facts the facts block shows, in its order (empty: no block).
-    facts: list[Fact] = field(default_factory=list)
+    # The contributed blocks (ctxsum.hooks), in context order.
+    blocks: list[Block] = field(default_factory=list)
+
+    def shown(self, kind: str) -> list[Any]:
+        """What the block ``kind`` shows (empty: the context has no such block)."""
+        return next((list(block.shows) for block in self.blocks if block.kind == kind), [])
 
     @property
-    def has_facts(self) -> bool:
-        return bool(self.facts)
+    def rows(self) -> list[Message]:
+        """The active messages: the leading one first, then the body."""
+        return [*filter(None, [self.leading_row]), *self.body_rows]
+
+    @property
+    def body(self) -> list[dict[str, Any]]:
+        """The body's messages as sent."""
+        return self.messages[len(self.layout.pinned) :]
+
+    @property
+    def tokens(self) -> list[int]:
+        """Each message's tokens, as sent."""
+        return [*(part.tokens for part in self.layout.pinned), *self.layout.body_tokens]
 
     @property
     def token_count(self) -> int:
-        return tokens.context_tokens(self.tokens)
+        return self.layout.token_count
 
     @property
     def revision(self) -> int:
@@ -130,17 +146,10 @@ class ActiveContext:
 
 
 def context_get(*, conversation: Conversation) -> ActiveContext:
-    """The active context: [leading system message] + [summary] + [key facts block] +
-    active messages in seq order, in OpenAI format. Three queries however long the
-    conversation is: the summary, the messages, the facts."""
-    # Imported here: ctxsum.services (the package) imports this module.
-    from ctxsum.services.fact_block import (
-        block_message,
-        block_tokens,
-        facts_candidates,
-        facts_chosen,
-    )
-
+    """The active context: [leading system message] + [summary] + [contributed blocks: the
+    key facts block] + active messages in seq order, in OpenAI format, and its layout. Two
+    queries however long the conversation is (the summary, the messages) and each block's
+    (the facts: one)."""
     # Not the summary's coverage check (SUMMARY_HEAVY); of the previous version, only what
     # the REST answer says of it (its version), in the same query.
     summary = (
@@ -150,29 +159,28 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
         .first()
     )
     rows = _active_rows(conversation, summary)
-    leading = [row for row in rows if row.is_leading]
-    rows = leading + [row for row in rows if not row.is_leading]
-    context = ActiveContext(
-        conversation=conversation, rows=rows, summary=summary, leading=bool(leading)
-    )
-    pinned = leading[:1]
-    for row in pinned:
-        context.messages.append(row.as_openai())
-        context.tokens.append(row.token_count)
+    leading = next((row for row in rows if row.is_leading), None)
+    body = [row for row in rows if not row.is_leading]
+    pinned: list[tuple[Part, dict[str, Any]]] = []
+    if leading is not None:
+        pinned.append((Part(LEADING, leading.token_count), leading.as_openai()))
     if summary is not None:
-        context.messages.append(summary_message(summary.text))
-        context.tokens.append(summary.token_count)
-    # The block from the facts as they are, counted now: not from ``facts_tokens``, which
-    # this instance may hold from before the facts' last change.
-    model = conversation.model or None
-    context.facts = facts_chosen(list(facts_candidates(conversation)), model=model)
-    if context.facts:
-        context.messages.append(block_message(context.facts))
-        context.tokens.append(block_tokens(context.facts, model=model))
-    for row in rows[len(pinned) :]:
-        context.messages.append(row.as_openai())
-        context.tokens.append(row.token_count)
-    return context
+        pinned.append((Part(SUMMARY, summary.token_count), summary_message(summary.text)))
+    # Each block as it stands, counted now: not from ``facts_tokens``, which this instance
+    # may hold from before the facts' last change.
+    blocks = context_blocks(conversation)
+    pinned += [(Part(block.kind, block.tokens), block.message) for block in blocks]
+    return ActiveContext(
+        conversation=conversation,
+        leading_row=leading,
+        summary=summary,
+        body_rows=body,
+        layout=layout_of(
+            [part for part, _ in pinned], [(row.seq, row.token_count) for row in body]
+        ),
+        messages=[message for _, message in pinned] + [row.as_openai() for row in body],
+        blocks=blocks,
+    )
 
 
 def _active_rows(conversation: Conversation, summary: Summary | None) -> list[Message]:

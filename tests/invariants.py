@@ -313,8 +313,9 @@ def _check_context_shape(state: _State) -> None:
             f"{label}: the facts block counts {state.context.tokens[position]} tokens in the "
             f"context, {state.facts_tokens} as a message"
         )
-    assert [fact.pk for fact in state.context.facts] == [fact.pk for fact in state.facts], (
-        f"{label}: context_get shows facts {[fact.key for fact in state.context.facts]}, "
+    shown = state.context.shown("facts")
+    assert [fact.pk for fact in shown] == [fact.pk for fact in state.facts], (
+        f"{label}: context_get shows facts {[fact.key for fact in shown]}, "
         f"the block's choice is {[fact.key for fact in state.facts]}"
     )
     if state.leading is not None:

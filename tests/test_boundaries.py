@@ -54,7 +54,7 @@ def test_a_fact_that_brings_the_block_to_exactly_its_budget_is_shown(user, setti
     assert facts_chosen([fact]) == [fact]
     assert block_tokens([fact]) <= budget
     context = context_get(conversation=conversation)
-    assert [shown.pk for shown in context.facts] == [fact.pk]
+    assert [shown.pk for shown in context.shown("facts")] == [fact.pk]
     assert any(str(m["content"]).startswith(FACTS_HEADER) for m in context.messages)
 
 

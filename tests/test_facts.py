@@ -171,7 +171,8 @@ def test_one_structured_call_returns_the_summary_and_its_facts(user, openai_summ
     assert block["role"] == "user" and block["content"].startswith(FACTS_HEADER)
     assert fact_line("order_id", "AI-101") in block["content"]
     conversation.refresh_from_db()
-    assert context.tokens[2] == conversation.facts_tokens == block_tokens(context.facts) > 0
+    shown = context.shown("facts")
+    assert context.tokens[2] == conversation.facts_tokens == block_tokens(shown) > 0
 
 
 def test_one_call_returns_the_summary_and_a_tagged_facts_block(user, openai_summarizer):
@@ -269,7 +270,7 @@ def test_malformed_facts_keep_the_summary_and_say_why(
     assert result.summary.text == fake_summary(request["body"]["messages"][1]["content"])
     assert reason in result.summary.facts_skipped, result.summary.facts_skipped
     assert not Fact.objects.exists() and not FactChange.objects.exists()
-    assert context_get(conversation=conversation).facts == []
+    assert context_get(conversation=conversation).shown("facts") == []
 
 
 def test_a_fact_the_database_cannot_store_is_skipped_alone(user, openai_summarizer):
@@ -479,8 +480,8 @@ def test_a_subjects_facts_reach_every_conversation_of_its_owner_naming_it(
     for conversation in (first, sibling, new, elsewhere, strangers):
         assert_context_invariants(conversation)
     # Not another subject's, not another owner's.
-    assert context_get(conversation=elsewhere).facts == []
-    assert context_get(conversation=strangers).facts == []
+    assert context_get(conversation=elsewhere).shown("facts") == []
+    assert context_get(conversation=strangers).shown("facts") == []
 
 
 def test_a_subject_fact_the_model_changes_moves_every_showing_conversations_revision(
@@ -538,11 +539,11 @@ def test_a_subjects_fact_costs_the_same_whichever_conversation_wrote_it(user, op
 def test_a_conversation_that_takes_a_subject_shows_its_facts(user):
     fact = person_writes(None, owner=user, subject="acme", key="vat", value="ES-B123")
     conversation = conversation_create(owner=user, messages=[user_message("Hi")])
-    assert context_get(conversation=conversation).facts == []
+    assert context_get(conversation=conversation).shown("facts") == []
 
     conversation_update(conversation=conversation, subject="acme")
 
-    assert context_get(conversation=conversation).facts == [fact]
+    assert context_get(conversation=conversation).shown("facts") == [fact]
     assert conversation.facts_tokens == block_tokens([fact])
     assert_context_invariants(conversation)
     conversation_update(conversation=conversation, subject="")
@@ -593,9 +594,9 @@ def test_the_block_keeps_pinned_facts_first_within_facts_max_tokens(
 
     assert Fact.objects.filter(conversation=conversation).count() == 16
     context = context_get(conversation=conversation)
-    assert context.facts[0] == pinned  # the oldest, but pinned
-    assert 1 < len(context.facts) < 16
-    assert context.tokens[2] == block_tokens(context.facts) <= 60
+    assert context.shown("facts")[0] == pinned  # the oldest, but pinned
+    assert 1 < len(context.shown("facts")) < 16
+    assert context.tokens[2] == block_tokens(context.shown("facts")) <= 60
     lines = context.messages[2]["content"].splitlines()
     assert lines[:2] == [FACTS_HEADER, fact_line("allergy", "peanuts")]
 
@@ -966,8 +967,8 @@ def test_the_block_is_chosen_from_a_bounded_read(user, settings):
     assert len(queries) == 3
     assert f"LIMIT {candidates_limit()}" in queries.captured_queries[2]["sql"]
     assert candidates_limit() == 28
-    keys = [fact.key for fact in context.facts]
-    assert keys[:3] == ["oldest", "k000", "k001"] and block_tokens(context.facts) <= 40
+    keys = [fact.key for fact in context.shown("facts")]
+    assert keys[:3] == ["oldest", "k000", "k001"] and block_tokens(context.shown("facts")) <= 40
     assert_context_invariants(conversation)
 
 
@@ -996,7 +997,7 @@ def test_in_context_says_what_the_block_shows(user, settings):
 
     seen = conversation_facts(conversation=conversation)
 
-    shown = context_get(conversation=conversation).facts
+    shown = context_get(conversation=conversation).shown("facts")
     assert shown == []
     assert short.pk not in seen.shown
     assert seen.shown == {fact.pk for fact in shown}

@@ -102,7 +102,7 @@ def test_a_persons_edit_and_a_compaction_of_the_subject_do_not_deadlock(user, fa
     assert keys == ["plan", "vat"]
     for conversation in (low, high):
         assert_context_invariants(conversation)
-        shown = context_get(conversation=conversation).facts
+        shown = context_get(conversation=conversation).shown("facts")
         assert {fact.key for fact in shown} == {"plan", "vat"}
 
 

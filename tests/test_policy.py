@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ctxsum.layout import LEADING, SUMMARY, ContextLayout, Part, SeqRange
 from ctxsum.policy import (
     KEEP_LEAVES_NO_ROOM,
     KEEP_NOT_BELOW_TRIGGER,
@@ -25,16 +27,15 @@ from ctxsum.policy import (
     Reason,
     Sizing,
     Trigger,
-    history_start,
     pair_tool_results,
     parse_keep,
     parse_policy,
     parse_trigger,
-    plan_compaction,
     retention_cutoff,
     safe_cutoff,
     summary_budget,
 )
+from ctxsum.policy import plan_compaction as plan_layout
 from ctxsum.tokens import REPLY_PRIMING
 from tests.factories import (
     Message,
@@ -53,6 +54,44 @@ def summary(text: str = "Here is a summary of the conversation so far:\n\nearlie
 
 def policy(trigger: dict[str, int], keep: dict[str, int]) -> Policy:
     return parse_policy(trigger, keep)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A plan read against the context as sent: ``start`` and ``cutoff`` index the list,
+    ``messages[start:cutoff]`` is what it archives (the body's seqs are its indices)."""
+
+    plan: Plan
+    start: int
+
+    @property
+    def cutoff(self) -> int:
+        archive = self.plan.archive
+        return archive.last + 1 if archive else self.start
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.plan, name)
+
+
+def plan_compaction(
+    messages: list[Message],
+    tokens: list[int],
+    *,
+    leading: bool,
+    has_summary: bool,
+    has_facts: bool = False,
+    **options: Any,
+) -> Sent:
+    """The plan of a context given as sent: its pinned messages first, then the body, whose
+    seqs are the messages' indices."""
+    kinds = [LEADING] * leading + [SUMMARY] * has_summary + ["facts"] * has_facts
+    start = len(kinds)
+    layout = ContextLayout(
+        pinned=tuple(Part(kind, size) for kind, size in zip(kinds, tokens, strict=False)),
+        body_seqs=tuple(range(start, len(messages))),
+        body_tokens=tuple(tokens[start:]),
+    )
+    return Sent(plan_layout(layout, messages[start:], **options), start)
 
 
 # --- trigger ---------------------------------------------------------------------------
@@ -188,11 +227,35 @@ def test_token_retention_never_goes_before_start() -> None:
     assert retention_cutoff([1, 1, 1, 1], start=2, keep=Keep(tokens=100)) == 2
 
 
-def test_history_start_counts_the_pinned_messages() -> None:
-    assert history_start(leading=False, has_summary=False) == 0
-    assert history_start(leading=True, has_summary=False) == 1
-    assert history_start(leading=False, has_summary=True) == 1
-    assert history_start(leading=True, has_summary=True) == 2
+def test_a_layout_pins_the_leading_message_then_the_summary_then_the_blocks() -> None:
+    parts = (Part(LEADING, 5), Part(SUMMARY, 7), Part("facts", 3))
+    layout = ContextLayout(pinned=parts, body_seqs=(4, 9, 10), body_tokens=(1, 2, 3))
+    assert (layout.leading, layout.summary_tokens, layout.blocks) == (True, 7, parts[2:])
+    assert layout.message_count == 6
+    assert layout.token_count == 5 + 7 + 3 + 6 + REPLY_PRIMING
+    # The body's seqs need not be consecutive: a range names the first and the last.
+    assert layout.body_range(2) == SeqRange(4, 9)
+    assert layout.body_range(0) is None
+    assert 9 in SeqRange(4, 9) and 10 not in SeqRange(4, 9)
+    # Archiving all but the newest message behind a 20-token summary.
+    assert layout.compacted(summary_tokens=20, kept=1) == (4, 5 + 20 + 3 + 3 + REPLY_PRIMING)
+    with pytest.raises(ValueError, match="out of order"):
+        ContextLayout(pinned=(Part(SUMMARY, 7), Part(LEADING, 5)))
+    with pytest.raises(ValueError, match="out of order"):
+        ContextLayout(pinned=(Part(LEADING, 5), Part(LEADING, 5)))
+
+
+def test_the_plan_names_the_archived_seqs_however_the_body_is_numbered() -> None:
+    # A replaced system prompt stays in the transcript: the active body skips its seq.
+    messages = turns(6)
+    layout = ContextLayout(
+        pinned=(Part(LEADING, 7),), body_seqs=(1, 2, 4, 5, 6, 7), body_tokens=(10,) * 6
+    )
+    plan = plan_layout(layout, messages, policy=policy({"messages": 6}, {"messages": 2}))
+    assert plan.compacts
+    assert (plan.archive, plan.kept) == (SeqRange(1, 5), 2)
+    with pytest.raises(ValueError, match="body messages"):
+        plan_layout(layout, messages[:5], policy=policy({"messages": 6}, {"messages": 2}))
 
 
 def test_system_message_and_summary_are_never_archived() -> None:
@@ -219,8 +282,6 @@ def test_system_message_and_summary_are_never_archived() -> None:
 
 
 def test_the_facts_block_is_pinned_after_the_summary() -> None:
-    assert history_start(leading=True, has_summary=True, has_facts=True) == 3
-    assert history_start(leading=False, has_summary=False, has_facts=True) == 1
     block = user_message("Key facts (kept beside the summary; pinned first):\n- a: b")
     pinned = [system_message(), summary(), block]
     messages = [*pinned, *turns(8)]
@@ -890,7 +951,8 @@ def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
     )
     count = len(messages)
     start = int(leading) + int(has_summary)
-    assert isinstance(plan, Plan)
+    assert isinstance(plan.plan, Plan)
+    assert plan.kept == count - plan.cutoff
     assert plan.start == start
     assert plan.message_count_before == count
     assert plan.tokens_before == sum(tokens) + REPLY_PRIMING

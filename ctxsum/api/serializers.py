@@ -429,7 +429,7 @@ class ConversationDetailOutputSerializer(ConversationOutputSerializer):
     @extend_schema_field(schema.SystemPrompt)
     def get_system(self, conversation: Conversation) -> Any:
         active: selectors.ActiveContext = self.context["active"]
-        return active.rows[0].content if active.leading else None
+        return active.leading_row.content if active.leading_row else None
 
     @extend_schema_field(SummaryOutputSerializer(allow_null=True))
     def get_summary(self, conversation: Conversation) -> dict[str, Any] | None:
@@ -533,7 +533,7 @@ class CompactionOutputSerializer(serializers.Serializer[Any]):
                 "from_seq": archived[0].seq if archived else None,
                 "to_seq": archived[-1].seq if archived else None,
             },
-            "keep_count": plan.message_count_before - plan.cutoff,
+            "keep_count": plan.kept,
             "tokens_before": plan.tokens_before,
             "tokens_after": plan.tokens_after,
         }

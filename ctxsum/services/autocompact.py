@@ -89,15 +89,10 @@ def compaction_due(conversation: Conversation) -> bool:
     """Whether the conversation has compaction work to do, from the row's counters alone:
     its context reaches its trigger or exceeds its ceiling. What an append decides to
     enqueue by, and what a compaction task, its deferred check and ``ctxsum_compact --due``
-    look at before anything else. The message count takes a summary in the context whenever
-    a message left it (archived, or a replaced system prompt): at worst a task that finds
-    the trigger not reached; and the facts block, when there is one. The tokens count both
-    (``active_tokens``)."""
+    look at before anything else. A count one too many (``context_messages``) costs at
+    worst a task that finds the trigger not reached."""
     policy = conversation_policy(conversation)
-    count = conversation.active_message_count
-    count += conversation.message_count > conversation.active_message_count
-    count += conversation.facts_tokens > 0
-    return policy.over(count, conversation.context_tokens)
+    return policy.over(conversation.context_messages, conversation.context_tokens)
 
 
 def over_ceiling(conversation: Conversation) -> bool:

@@ -134,19 +134,10 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
         summary_overhead=summary_size("", conversation),
     )
     plan = plan_compaction(
-        context.messages,
-        context.tokens,
-        leading=context.leading,
-        has_summary=context.summary is not None,
-        has_facts=context.has_facts,
-        policy=policy,
-        force=force,
-        sizing=sizing,
+        context.layout, context.body, policy=policy, force=force, sizing=sizing
     )
-    # The context is [leading row] + [summary] + [facts] + rows; plan.start skips exactly
-    # those pinned.
-    first = int(context.leading)
-    archived = context.rows[first : first + plan.cutoff - plan.start] if plan.compacts else []
+    archive = plan.archive
+    archived = [row for row in context.body_rows if archive and row.seq in archive]
     so_far, source = summary_source(context.summary, archived, db=db) if archived else (None, [])
     return _Run(
         context=context,
@@ -318,7 +309,7 @@ def _lock_snapshot(run: _Run, token: str) -> Conversation:
     call_ids = {call["id"] for row in run.archived for call in row.tool_calls or ()}
     late_results = Message.objects.using(run.db).filter(
         conversation=locked,
-        seq__gt=run.context.rows[-1].seq,
+        seq__gt=run.context.layout.body_seqs[-1],
         role="tool",
         tool_call_id__in=call_ids,
     )

@@ -26,8 +26,10 @@ from django.db.models import Q, QuerySet
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.fact_lines import FACTS_HEADER, fact_line, fact_tokens
+from ctxsum.hooks import Block
 from ctxsum.models import FACT_ORDER, Conversation, Fact
 
+FACTS_BLOCK = "facts"
 # What a recount changes on the conversation row.
 BLOCK_FIELDS = ("facts_tokens", "active_tokens", "revision", "updated_at")
 # The fewest tokens a fact's line can cost ("- k: v" and its newline): how many facts a block
@@ -97,6 +99,17 @@ def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[F
     while chosen and block_tokens(chosen, model=model) > limit:
         chosen.pop()
     return chosen
+
+
+def facts_block(conversation: Conversation) -> Block | None:
+    """The conversation's facts block as its facts stand now, counted now (one query); None
+    when it shows no fact. Registered with ``ctxsum.hooks`` as the context's "facts" block."""
+    model = conversation.model or None
+    facts = facts_chosen(list(facts_candidates(conversation)), model=model)
+    if not facts:
+        return None
+    message, size = block_message(facts), block_tokens(facts, model=model)
+    return Block(kind=FACTS_BLOCK, message=message, tokens=size, shows=facts)
 
 
 def block_message(facts: Sequence[Fact]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from pathlib import Path
 from tests.support.shared import REPO_ROOT, use_tiktoken_cache
 
 POLICY = "ctxsum/policy.py"
+LAYOUT = "ctxsum/layout.py"
 VALIDATION = "ctxsum/validation.py"
 COMPACTION = "ctxsum/services/compaction.py"
 LEASES = "ctxsum/services/leases.py"
@@ -107,7 +108,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "if kept is not None and limit is not None and kept > limit:",
         POLICY_TESTS,
     ),
-    Mutant("pinned-max-without-facts", POLICY, "PINNED_MAX = 3", "PINNED_MAX = 2", POLICY_TESTS),
+    Mutant("pinned-max-without-facts", LAYOUT, "PINNED_MAX = 3", "PINNED_MAX = 2", POLICY_TESTS),
     Mutant(
         "retention-keeps-one-fewer",
         POLICY,
@@ -123,10 +124,10 @@ MUTANTS: tuple[Mutant, ...] = (
         POLICY_TESTS,
     ),
     Mutant(
-        "history-start-one-pinned",
-        POLICY,
-        "return int(leading) + int(has_summary)",
-        "return max(int(leading), int(has_summary))",
+        "compacted-forgets-blocks",
+        LAYOUT,
+        "sizes = [*leading, summary_tokens, *blocks, *tail]",
+        "sizes = [*leading, summary_tokens, *tail]",
         POLICY_TESTS,
     ),
     # --- policy: safe tool boundary ------------------------------------------------------
@@ -162,8 +163,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "budget-previous-with-framing",
         POLICY,
-        "previous = tokens[int(leading)] - sizing.summary_overhead if has_summary else 0",
-        "previous = tokens[int(leading)] if has_summary else 0",
+        "self.previous = max(0, previous - sizing.summary_overhead) if previous is not None else 0",
+        "self.previous = max(0, previous) if previous is not None else 0",
         POLICY_TESTS,
     ),
     Mutant(
@@ -176,15 +177,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "keep-fewer-skips-nearest",
         POLICY,
-        "for candidate in range(max(cutoff, start) + 1, last):",
-        "for candidate in range(max(cutoff, start) + 2, last):",
+        "for candidate in range(cutoff + 1, last):",
+        "for candidate in range(cutoff + 2, last):",
         POLICY_TESTS,
     ),
     Mutant(
         "keep-fewer-splits-tool-round",
         POLICY,
         "if boundaries.safe(candidate) == candidate:",
-        "if boundaries.safe(candidate) >= start:",
+        "if boundaries.safe(candidate) >= 0:",
         POLICY_TESTS,
     ),
     Mutant(
