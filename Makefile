@@ -41,10 +41,12 @@ run: venv
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# mypy checks what [tool.mypy] names in pyproject.toml: ctxsum and the example project.
+# mypy checks what [tool.mypy] names in pyproject.toml: ctxsum and the example project;
+# lint-imports the import contracts of [tool.importlinter].
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # A real (not editable) install of the package into a new project, in a temporary folder.
 package-check:
