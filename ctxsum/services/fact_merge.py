@@ -324,51 +324,56 @@ def facts_revert(
     )
     if not changes:
         return
-    model = locked.model or None
     shared = False
     for change in changes:
         fact = change.fact
         if not _held(fact, locked) or (fact.conversation_id is None and subject != locked.subject):
             continue  # a fact of another subject by now: its conversations are not locked
-        if change.kind == Kind.PROPOSED:
-            if fact.proposed_by_id == target.pk:
-                fact.proposed_value = change.old_proposed_value
-                fact.proposed_by_id = change.old_proposed_by_id
-                fact.save(using=db, update_fields=["proposed_value", "proposed_by", "updated_at"])
-            continue
-        if fact.pinned or fact.changed_by == PERSON:
-            continue  # a person's since: theirs to keep
-        # What the version wrote stands as it left it: not changed by another version, nor
-        # confirmed by another conversation of the subject since.
-        untouched = fact.summary_id == target.pk and fact.source_conversation_id == locked.pk
-        # Created by the version, or updated from a value redacted since (facts_forget
-        # blanked it): there is no value to go back to.
-        if change.kind == Kind.CREATED or (change.kind == Kind.UPDATED and not change.old_value):
-            if untouched:
-                fact.delete()
-                shared |= fact.conversation_id is None
-            continue
-        if change.kind == Kind.UPDATED:
-            if not untouched:
-                continue
-            fact.value = change.old_value
-            fact.summary_id = change.old_summary_id
-            fact.token_count = line_tokens(fact, model=model)
-        elif (
-            fact.summary_id != change.old_summary_id
-            or fact.value != change.old_value
-            or fact.source_conversation_id != locked.pk
-        ):
-            continue  # its value changed, or another conversation confirmed it, since
-        fact.source_seqs = list(change.old_source_seqs)
-        fact.source_conversation_id = change.old_source_conversation_id
-        fact.confirmed_at = change.old_confirmed_at or fact.confirmed_at
-        fact.proposed_value = change.old_proposed_value
-        fact.proposed_by_id = change.old_proposed_by_id
-        fact.save(using=db)
-        shared |= fact.conversation_id is None
+        shared |= _undo(change, target=target, locked=locked, db=db)
     _own_block(locked, facts_count(locked))
     _others(locked, shown, shared=shared)
+
+
+def _undo(change: FactChange, *, target: Summary, locked: Conversation, db: str) -> bool:
+    """Undo one ``change`` version ``target`` made to a fact ``locked`` shows, unless the fact
+    moved on since; whether a subject's fact changed."""
+    fact = change.fact
+    if change.kind == Kind.PROPOSED:
+        if fact.proposed_by_id == target.pk:
+            fact.proposed_value = change.old_proposed_value
+            fact.proposed_by_id = change.old_proposed_by_id
+            fact.save(using=db, update_fields=["proposed_value", "proposed_by", "updated_at"])
+        return False
+    if fact.pinned or fact.changed_by == PERSON:
+        return False  # a person's since: theirs to keep
+    # What the version wrote stands as it left it: not changed by another version, nor
+    # confirmed by another conversation of the subject since.
+    untouched = fact.summary_id == target.pk and fact.source_conversation_id == locked.pk
+    # Created by the version, or updated from a value redacted since (facts_forget blanked
+    # it): there is no value to go back to.
+    if change.kind == Kind.CREATED or (change.kind == Kind.UPDATED and not change.old_value):
+        if untouched:
+            fact.delete()
+        return untouched and fact.conversation_id is None
+    if change.kind == Kind.UPDATED:
+        if not untouched:
+            return False
+        fact.value = change.old_value
+        fact.summary_id = change.old_summary_id
+        fact.token_count = line_tokens(fact, model=locked.model or None)
+    elif (
+        fact.summary_id != change.old_summary_id
+        or fact.value != change.old_value
+        or fact.source_conversation_id != locked.pk
+    ):
+        return False  # its value changed, or another conversation confirmed it, since
+    fact.source_seqs = list(change.old_source_seqs)
+    fact.source_conversation_id = change.old_source_conversation_id
+    fact.confirmed_at = change.old_confirmed_at or fact.confirmed_at
+    fact.proposed_value = change.old_proposed_value
+    fact.proposed_by_id = change.old_proposed_by_id
+    fact.save(using=db)
+    return fact.conversation_id is None
 
 
 # --------------------------------------------------------------------------- redaction
