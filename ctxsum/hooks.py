@@ -8,6 +8,10 @@ replaces rather than repeats.
 - **Blocks**: a contributor adds one pinned user message to a conversation's context, after
   the summary (the key facts block). ``selectors.context_get`` asks every contributor, in
   the order they registered; a compaction keeps each block as it is.
+- **Commits**: a ``CommitHook`` takes part in the core's commits (a compaction's or a
+  rebuild's summary, a revert, a redaction) inside their transactions: it locks what it
+  needs before the conversation's row, and changes its own rows once the core's are
+  changed (the key facts merged, undone, forgotten).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ctxsum.models import Conversation
+    from ctxsum.models import Conversation, Summary
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,3 +49,103 @@ def context_blocks(conversation: Conversation) -> list[Block]:
     """The blocks of ``conversation``'s context, in the order their contributors registered."""
     blocks = (contributor(conversation) for contributor in _contributors.values())
     return [block for block in blocks if block is not None]
+
+
+# --------------------------------------------------------------------------- commits
+# What a commit of the core tells the apps, inside its transaction.
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryCommitted:
+    """A compaction or a rebuild commits ``summary``; ``facts``: the key facts its calls
+    proposed; ``room``: the most tokens the contributed blocks may grow by (the context
+    must still shrink)."""
+
+    facts: Sequence[Any] = ()
+    summary: Summary | None = None
+    room: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SummaryReverted:
+    """A revert makes ``target`` inactive and restores the messages it archived."""
+
+    target: Summary
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessageRedacted:
+    """The message at ``seq`` is redacted: what an app derived from it must go."""
+
+    seq: int
+
+
+Event = SummaryCommitted | SummaryReverted | MessageRedacted
+
+
+class LockAgain(Exception):
+    """What a hook locked no longer covers the commit (the rows it locked by changed
+    meanwhile): the commit rolls back and starts over, every concerned hook locking first."""
+
+
+class CommitHook:
+    """What an app does inside the core's commits. Each commit asks ``concerns`` first
+    (before its transaction, and again under its row lock when a hook said no), then, in its
+    transaction, calls ``lock`` of each hook concerned before it locks its own row (an app's
+    lock order comes first) and ``apply`` once its own changes are made, before it saves the
+    conversation row. ``apply`` may move the row's counters (``active_tokens`` and the
+    blocks' share); the commit saves them. The defaults concern nothing."""
+
+    def concerns(self, conversation: Conversation, event: Event, *, db: str) -> bool:
+        return False
+
+    def lock(self, conversation: Conversation, *, db: str) -> Any:
+        return None
+
+    def apply(self, event: Event, *, locked: Conversation, held: Any) -> None:
+        return None
+
+
+_commit_hooks: dict[str, CommitHook] = {}
+
+
+def register_commit_hook(name: str, hook: CommitHook) -> None:
+    """Register ``hook`` under ``name``; the commits call hooks in registration order."""
+    _commit_hooks[name] = hook
+
+
+@dataclass(frozen=True)
+class Held:
+    """The hooks a commit concerns, each with what its ``lock`` returned."""
+
+    locks: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.locks)
+
+
+def concerned(conversation: Conversation, event: Event, *, db: str) -> frozenset[str]:
+    """The names of the hooks ``event`` concerns for ``conversation``."""
+    hooks = _commit_hooks.items()
+    return frozenset(name for name, hook in hooks if hook.concerns(conversation, event, db=db))
+
+
+def commit_lock(conversation: Conversation, names: frozenset[str], *, db: str) -> Held:
+    """Inside the commit's transaction, before its row lock: the locks of the hooks
+    ``names``."""
+    hooks = [(name, hook) for name, hook in _commit_hooks.items() if name in names]
+    return Held(tuple((name, hook.lock(conversation, db=db)) for name, hook in hooks))
+
+
+def newly_concerned(locked: Conversation, event: Event, held: Held, *, db: str) -> bool:
+    """Under the row lock: whether a hook that locked nothing is concerned by now (what it
+    reads changed since it was asked); the commit must then start over."""
+    others = [hook for name, hook in _commit_hooks.items() if name not in held.names]
+    return any(hook.concerns(locked, event, db=db) for hook in others)
+
+
+def commit_apply(held: Held, event: Event, *, locked: Conversation) -> None:
+    """The hooks that locked, told of ``event`` inside the transaction."""
+    for name, lock in held.locks:
+        _commit_hooks[name].apply(event, locked=locked, held=lock)

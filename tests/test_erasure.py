@@ -370,7 +370,7 @@ def test_a_redaction_during_a_revert_of_a_withheld_version_keeps_the_counters(
 ):
     """v2 is already withheld; a redaction of what v1 covers lands after the revert read
     its versions: the revert restores v1 as it is under the lock, not as it was read."""
-    from ctxsum.services import revert
+    from ctxsum.services import fact_hooks
 
     conversation = booked_and_grown(user)
     assert conversation_compact(conversation=fresh(conversation), force=True).compacted
@@ -382,13 +382,13 @@ def test_a_redaction_during_a_revert_of_a_withheld_version_keeps_the_counters(
     )
     message_redact(conversation=fresh(conversation), seq=newer)  # v2 withheld, v1 not
     assert not Summary.objects.get(pk=v1.pk).covers_redacted
-    real = revert.facts_to_revert
+    real = fact_hooks.facts_to_revert
 
     def redact_first(target: Summary) -> bool:
         redact_card(conversation)  # in v1's range: v1 withheld now
         return real(target)
 
-    monkeypatch.setattr(revert, "facts_to_revert", redact_first)
+    monkeypatch.setattr(fact_hooks, "facts_to_revert", redact_first)
 
     result = conversation_revert(conversation=fresh(conversation), version=v2.version)
 

@@ -111,14 +111,14 @@ def test_a_redaction_waiting_for_a_compactions_commit_withholds_what_it_wrote(
     conversation = booked(user)
     fake.release()
     inside, go_on = threading.Event(), threading.Event()
-    commit = compaction.facts_commit
+    archive = compaction._archive
 
-    def held_commit(**kwargs: Any) -> None:
+    def held_archive(*args: Any) -> None:
         inside.set()  # inside the commit's transaction, the row locked
         assert go_on.wait(15)
-        commit(**kwargs)
+        archive(*args)
 
-    monkeypatch.setattr(compaction, "facts_commit", held_commit)
+    monkeypatch.setattr(compaction, "_archive", held_archive)
     pk = conversation.pk
     worker = start(
         lambda: compaction.conversation_compact(

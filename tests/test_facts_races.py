@@ -22,7 +22,7 @@ from django.utils import timezone
 from ctxsum.fact_lines import fact_tokens
 from ctxsum.models import Conversation, Fact
 from ctxsum.selectors import context_get
-from ctxsum.services import compaction as compaction_module
+from ctxsum.services import fact_hooks
 from ctxsum.services import conversation_create, fact_add
 from ctxsum.services.fact_block import conversations_lock, facts_recount
 from tests.factories import assistant_message, long_user_message
@@ -135,14 +135,14 @@ def test_a_persons_subject_fact_and_a_compaction_writing_one_do_not_deadlock_on_
     low, high = subject_pair(user)
     fake.facts = [{"key": "plan", "value": "gold", "source_seqs": [0]}]
     merged, go_on = threading.Event(), threading.Event()
-    original = compaction_module.facts_commit
+    original = fact_hooks.facts_commit
 
     def facts_commit(**kwargs: Any) -> None:
         original(**kwargs)
         merged.set()
         assert go_on.wait(15)
 
-    monkeypatch.setattr(compaction_module, "facts_commit", facts_commit)
+    monkeypatch.setattr(fact_hooks, "facts_commit", facts_commit)
     compaction = compact_held(high, fake, force=True)
     fake.release()
     assert merged.wait(15)  # the commit holds both conversations, the new fact inserted

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -21,10 +21,10 @@ from django.db.models import Max, Q
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError, SummaryTruncated
+from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Plan, Policy, Reason, Sizing, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
-from ctxsum.services.fact_merge import facts_commit, facts_lock
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import after_commit, write_db
@@ -249,25 +249,21 @@ def _commit(
 ) -> tuple[Summary, CompactionAttempt]:
     """Insert the summary and archive the covered messages, if the snapshot still holds."""
     previous, archived = run.context.summary, run.archived
+    event = SummaryCommitted(facts=written.facts)
+    hooks = concerned(run.conversation, event, db=run.db)
     with transaction.atomic(using=run.db):
-        # A subject's conversations first, in pk order, this one among them, when there are
-        # facts to merge (fact_merge); else the row's own lock is all it takes.
-        shown = facts_lock(run.conversation, db=run.db) if written.facts else []
+        # What the hooks lock (a subject's conversations, for its facts) first; else the
+        # row's own lock is all it takes.
+        held = commit_lock(run.conversation, hooks, db=run.db)
         locked = _lock_snapshot(run, token)
         first = previous.from_seq if previous else archived[0].seq
         summary = summary_insert(
             locked, previous, written, checked, from_seq=first, to_seq=archived[-1].seq
         )
         _archive(locked, summary, archived)
-        facts_commit(
-            locked=locked,
-            shown=shown,
-            subject=run.conversation.subject,
-            summary=summary,
-            facts=written.facts,
-            # The context must still shrink, the facts block included.
-            room=_replaced(run) - written.token_count - 1,
-        )
+        # The context must still shrink, the blocks included.
+        room = _replaced(run) - written.token_count - 1
+        commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
         _move_counters(locked, previous, summary, archived)
         attempt = CompactionAttempt.objects.using(run.db).create(
             conversation=locked,

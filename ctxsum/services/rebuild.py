@@ -13,13 +13,14 @@ and the new version covers the same range.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from django.db import DatabaseError, transaction
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
+from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, summary_budget
 from ctxsum.selectors import conversation_policy
@@ -34,7 +35,6 @@ from ctxsum.services.compaction import (
     redactions_unchanged,
     summary_insert,
 )
-from ctxsum.services.fact_merge import facts_commit, facts_lock
 from ctxsum.services.leases import LeaseLost, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import write_db
@@ -140,10 +140,12 @@ def _commit(
     archived: list[Message],
     db: str,
 ) -> Summary:
+    event = SummaryCommitted(facts=written.facts)
+    hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
-        # A subject's conversations first, in pk order, this one among them, when there are
-        # facts to merge (fact_merge); else the row's own lock is all it takes.
-        shown = facts_lock(conversation, db=db) if written.facts else []
+        # What the hooks lock (a subject's conversations, for its facts) first; else the
+        # row's own lock is all it takes.
+        held = commit_lock(conversation, hooks, db=db)
         locked = lease_lock(conversation, token, db=db)
         # A compaction committed meanwhile, or a message it read was redacted since
         # (invariant f): this rebuild is out of date.
@@ -159,15 +161,9 @@ def _commit(
             origin=Summary.Origin.REBUILD,
         )
         before = locked.context_tokens
-        facts_commit(
-            locked=locked,
-            shown=shown,
-            subject=conversation.subject,
-            summary=summary,
-            facts=written.facts,
-            # The context must not grow: the block may take what the summary gave back.
-            room=max(previous.token_count - summary.token_count, 0),
-        )
+        # The context must not grow: the blocks may take what the summary gave back.
+        room = max(previous.token_count - summary.token_count, 0)
+        commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
         locked.active_tokens += summary.token_count - previous.token_count
         locked.revision += 1
         locked.lease_owner, locked.leased_at = "", None

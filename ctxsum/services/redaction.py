@@ -23,9 +23,16 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from ctxsum import tokens
+from ctxsum.hooks import (
+    LockAgain,
+    MessageRedacted,
+    commit_apply,
+    commit_lock,
+    concerned,
+    newly_concerned,
+)
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.services.autocompact import withheld_rebuild
-from ctxsum.services.fact_merge import facts_cite, facts_forget, facts_lock
 from ctxsum.services.summaries import summary_size
 from ctxsum.services.transactions import write_db
 
@@ -56,45 +63,40 @@ def message_redact(*, conversation: Conversation, seq: int) -> Message:
     """
     db = write_db(conversation)
     # Planned from the row, not the caller's instance (its subject says which conversations
-    # to lock). Read without a lock: only a commit of this conversation (which its row lock
-    # orders) makes facts cite one of its messages, and one that did meanwhile, or a
-    # subject changed meanwhile, is found again under the lock: then it starts over.
-    cited = False
+    # the facts hook locks). Asked without a lock: only a commit of this conversation (which
+    # its row lock orders) makes facts cite one of its messages, and a hook concerned
+    # meanwhile, or a subject changed meanwhile, is found under the lock: then it starts
+    # over, those hooks locking first.
+    event = MessageRedacted(seq=seq)
+    hooks: frozenset[str] = frozenset()
     while True:
         row = Conversation.objects.using(db).get(pk=conversation.pk)
-        cited = cited or facts_cite(row, seq, db=db)
+        hooks |= concerned(row, event, db=db)
         try:
-            locked, message = _commit(row, seq, db=db, cited=cited)
-        except _FactsLockNeeded:
-            cited = True  # start over, the subject's conversations locked first
-            continue
+            locked, message = _commit(row, event, db=db, hooks=hooks)
+        except LockAgain:
+            continue  # the hooks concerned so far stay concerned: each round adds, or ends
         conversation.update_from(locked)
         return message
 
 
-class _FactsLockNeeded(Exception):
-    """Facts came to cite the message after it was checked, or the subject whose
-    conversations were locked changed: roll back, lock them first."""
-
-
-def _commit(row: Conversation, seq: int, *, db: str, cited: bool) -> tuple[Conversation, Message]:
+def _commit(
+    row: Conversation, event: MessageRedacted, *, db: str, hooks: frozenset[str]
+) -> tuple[Conversation, Message]:
     with transaction.atomic(using=db):
-        # A subject's conversations first, in pk order, this one among them, when facts cite
-        # the message (fact_merge); else the row's own lock is all it takes.
-        shown = facts_lock(row, db=db) if cited else []
+        # What the hooks lock (a subject's conversations, for facts citing the message)
+        # first; else the row's own lock is all it takes.
+        held = commit_lock(row, hooks, db=db)
         locked = Conversation.objects.using(db).select_for_update().get(pk=row.pk)
-        message = Message.objects.using(db).get(conversation=locked, seq=seq)
+        message = Message.objects.using(db).get(conversation=locked, seq=event.seq)
         if message.redacted_at is None:
-            if not cited and facts_cite(locked, seq, db=db):
-                raise _FactsLockNeeded
-            if cited and locked.subject != row.subject:
-                raise _FactsLockNeeded
+            if newly_concerned(locked, event, held, db=db):
+                raise LockAgain
             _redact(locked, message)
-            if cited:
-                block = locked.facts_tokens
-                facts_forget(locked=locked, shown=shown, subject=locked.subject, seq=seq)
-                if locked.facts_tokens != block:
-                    locked.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
+            counters = (locked.facts_tokens, locked.active_tokens)
+            commit_apply(held, event, locked=locked)
+            if (locked.facts_tokens, locked.active_tokens) != counters:
+                locked.save(update_fields=["facts_tokens", "active_tokens", "updated_at"])
     return locked, message
 
 

@@ -23,12 +23,12 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils.translation import gettext_lazy as _
 
+from ctxsum.hooks import SummaryReverted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import SUMMARY_HEAVY
 from ctxsum.services.autocompact import withheld_rebuild
 from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
-from ctxsum.services.fact_merge import facts_lock, facts_revert, facts_to_revert
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
 from ctxsum.services.transactions import after_commit, write_db
 from ctxsum.signals import summary_reverted
@@ -86,9 +86,7 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
         with leased(conversation, db=db) as token:
             if token is None:
                 return Reverted(reverted=False, reason=Reason.IN_PROGRESS, reverted_summary=target)
-            locked, restored, attempt = _commit(
-                conversation, target, token, db=db, facts=facts_to_revert(target)
-            )
+            locked, restored, attempt = _commit(conversation, target, token, db=db)
     except (_Conflict, LeaseLost):
         return Reverted(reverted=False, reason=Reason.CONFLICT, reverted_summary=target)
     conversation.update_from(locked)
@@ -128,15 +126,16 @@ def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summ
 
 
 def _commit(
-    conversation: Conversation, target: Summary, token: str, *, db: str, facts: bool
+    conversation: Conversation, target: Summary, token: str, *, db: str
 ) -> tuple[Conversation, list[Message], CompactionAttempt]:
     """Revert ``target`` if it is still the active summary; the row as it was left, the
-    messages restored, and the attempt recorded. ``facts``: whether ``target`` wrote facts
-    to undo."""
+    messages restored, and the attempt recorded."""
+    event = SummaryReverted(target=target)
+    hooks = concerned(conversation, event, db=db)  # a version's facts: written by its commit
     with transaction.atomic(using=db):
-        # A subject's conversations first, in pk order, this one among them, when the
-        # version wrote facts (fact_merge); else the row's own lock is all it takes.
-        shown = facts_lock(conversation, db=db) if facts else []
+        # What the hooks lock (a subject's conversations, for the facts the version wrote)
+        # first; else the row's own lock is all it takes.
+        held = commit_lock(conversation, hooks, db=db)
         # Filtered on the lease: a worker that took an abandoned lease over makes this lose.
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, target):
@@ -149,7 +148,7 @@ def _commit(
             restored_tokens - target.token_count + (previous.token_count if previous else 0)
         )
         # The facts the version wrote go with it, unless a person took them over since.
-        facts_revert(locked=locked, shown=shown, subject=conversation.subject, target=target)
+        commit_apply(held, event, locked=locked)
         locked.revision += 1
         locked.lease_owner, locked.leased_at = "", None
         locked.save(update_fields=COMMIT_FIELDS)  # what a compaction's commit moves
