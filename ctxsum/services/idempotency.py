@@ -2,15 +2,14 @@
 answered with the first answer, and stores nothing new.
 
 A request claims its key with one INSERT (the unique constraint on owner, conversation and
-key decides between concurrent requests), runs, and stores its answer on the claim
-(``key_answer``); a request that answered an error gives the claim back (``key_release``).
-The claim is a ``RowLease`` (services/row_lease.py) on the key's ``token`` and
-``claimed_at``, taken by the INSERT and given back by deleting the row.
-A write that must never be repeated marks the claim applied inside its own transaction
-(``key_applied``): the write and the mark commit together or not at all. A claim whose
-request never answered is abandoned after ``IDEMPOTENCY_CLAIM_SECONDS``, and a retry takes
-it over, unless it was applied: then the write stands, and the retry is told its answer was
-lost rather than run again. Keys expire ``IDEMPOTENCY_KEY_SECONDS`` after their claim.
+key decides between concurrent requests): a ``RowLease`` on ``token`` and ``claimed_at``.
+It runs, and stores its answer on the claim (``key_answer``); one that answered an error
+gives the claim back (``key_release``). A write that must never be repeated marks the claim
+applied inside its own transaction (``key_applied``): the write and the mark commit
+together or not at all. A claim whose request never answered is abandoned after
+``IDEMPOTENCY_CLAIM_SECONDS``, and a retry takes it over, unless it was applied: then the
+write stands, and the retry is told its answer was lost rather than run again. Keys expire
+``IDEMPOTENCY_KEY_SECONDS`` after their claim.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Q
 from django.utils import timezone
 
 from ctxsum.conf import ctxsum_settings
@@ -40,12 +39,12 @@ State = IdempotencyKey.State
 # How often a claim retries when the row it lost to vanished or changed meanwhile.
 CLAIM_TRIES = 3
 CLAIM = RowLease(
+    model=IdempotencyKey,
     owner="token",
     since="claimed_at",
     stale_after=lambda: ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS,
 )
-# Another request took this request's claim over: what it was writing must not commit.
-ClaimLost = LeaseLost
+ClaimLost = LeaseLost  # another request took the claim over: its write must not commit
 
 
 class Found(enum.Enum):
@@ -63,10 +62,6 @@ class Claim:
     pk: int
     token: str
     db: str
-
-    @property
-    def rows(self) -> QuerySet[IdempotencyKey]:
-        return IdempotencyKey.objects.using(self.db).filter(pk=self.pk)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,7 +112,7 @@ def key_claim(
         found = rows.first()
         if found is None:
             continue  # given back meanwhile: claim it anew
-        held = CLAIM.held(rows.filter(pk=found.pk), found.token)
+        held = rows.filter(pk=found.pk, token=found.token)  # as long as no one took it over
         running = found.state == State.IN_PROGRESS and not CLAIM.abandoned(found, now)
         if _expired(found, now) and not running:
             if held.update(**fresh):
@@ -146,12 +141,12 @@ def key_applied(claim: Claim | None) -> None:
     two commit together. Raises ClaimLost (rolling the write back) when another request
     took the claim over. No claim: nothing to do, and no query."""
     if claim is not None:
-        CLAIM.update(claim.rows, claim.token, applied_at=timezone.now())
+        CLAIM.update(claim.pk, claim.token, db=claim.db, applied_at=timezone.now())
 
 
 def key_answer(claim: Claim, *, status: int, data: Any) -> None:
     """Store the answer of the request that holds ``claim``: retries get it from now on."""
-    CLAIM.held(claim.rows, claim.token).update(
+    CLAIM.held(claim.pk, claim.token, db=claim.db).update(
         state=State.DONE,
         status_code=status,
         response=json.dumps(data, cls=DjangoJSONEncoder),
@@ -166,7 +161,7 @@ def key_release(claim: Claim) -> None:
     itself (the database is unusable) is logged, never raised in place of the error that
     ended the request; the claim is then taken over once abandoned."""
     try:
-        CLAIM.held(claim.rows, claim.token).filter(applied_at__isnull=True).delete()
+        CLAIM.held(claim.pk, claim.token, db=claim.db).filter(applied_at__isnull=True).delete()
     except Exception:
         logger.exception(
             "Could not give back the Idempotency-Key claim %s; a retry takes it over after "

@@ -1,10 +1,10 @@
 """The compaction lease: which worker may summarize a conversation now.
 
 A ``RowLease`` (services/row_lease.py) on the conversation's ``lease_owner`` and
-``leased_at``: taken with one conditional UPDATE, renewed before every summarizer call,
-released by the commit or on failure, abandoned once older than ``lease_seconds()`` and
-then taken over by the next compaction. ``leased`` is the frame a compaction, a rebuild and
-a revert run in: take, give back.
+``leased_at``: taken by one conditional UPDATE, renewed before every summarizer call,
+released by the commit or on failure, taken over by the next compaction once abandoned
+(older than ``lease_seconds()``). ``leased`` is the frame a compaction, a rebuild and a
+revert run in: take, give back.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
-
-from django.db.models import QuerySet
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
@@ -39,38 +36,12 @@ def lease_seconds() -> float:
     return ctxsum_settings.LEASE_SECONDS or ctxsum_settings.SUMMARY_TIMEOUT + LEASE_GRACE_SECONDS
 
 
-LEASE = RowLease(owner="lease_owner", since="leased_at", stale_after=lease_seconds)
-
-
-def _rows(conversation: Conversation, db: str) -> QuerySet[Conversation]:
-    return Conversation.objects.using(db).filter(pk=conversation.pk)
-
-
-def lease_take(conversation: Conversation, *, db: str) -> str | None:
-    """Claim the conversation; its lease token, or None while another worker holds a live
-    lease. Raises Conversation.DoesNotExist when the conversation is gone."""
-    return LEASE.take(_rows(conversation, db))
-
-
-def lease_expires(conversation: Conversation) -> datetime | None:
-    """When the lease ``conversation`` shows, as read, is abandoned unless renewed."""
-    return LEASE.expires(conversation)
-
-
-def lease_renew(conversation: Conversation, token: str, *, db: str) -> None:
-    """Extend the lease before another summarizer call; raises LeaseLost when it is gone."""
-    LEASE.renew(_rows(conversation, db), token)
-
-
-def lease_release(conversation: Conversation, token: str, *, db: str) -> None:
-    """Give the lease up, if this worker still holds it."""
-    LEASE.release(_rows(conversation, db), token)
-
-
-def lease_lock(conversation: Conversation, token: str, *, db: str) -> Conversation:
-    """The conversation row, locked for the commit while this worker holds the lease.
-    Raises LeaseLost or Conversation.DoesNotExist. Call inside a transaction."""
-    return LEASE.lock(_rows(conversation, db), token)
+LEASE = RowLease(
+    model=Conversation, owner="lease_owner", since="leased_at", stale_after=lease_seconds
+)
+# (conversation, [token,] *, db): the token or None; raise LeaseLost once the lease is lost.
+lease_take, lease_renew, lease_lock = LEASE.take, LEASE.renew, LEASE.lock
+lease_release, lease_expires = LEASE.release, LEASE.expires
 
 
 @contextmanager

@@ -1,18 +1,15 @@
 """A chat turn's reservation: the conversation's turn lock and a model call counted
 against the limits, taken together before anything else of the turn happens.
 
-The turn lock is a ``RowLease`` (services/row_lease.py) on the conversation's
-``turn_owner`` and ``turn_started_at``. Taken with conditional UPDATEs, so the row counts
-say who won: one on the conversation (its turn lock is free or abandoned, and its calls are
-under
-CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row of the day (under
-CHAT_MAX_CALLS_PER_USER_PER_DAY), in one short transaction: two turns racing for the last
-call cannot both win, and a refusal of the second undoes the first. The reservation is
-given back (lock released, both counts decremented) when the turn fails, and the lock alone
-is released by the commit that stores the turn. A worker that dies mid-turn leaves its lock
-behind; after CHAT_TURN_SECONDS the next turn takes it over. Its call stays counted: the
-provider may well have billed it. Queryset updates leave ``updated_at`` alone: a
-reservation is bookkeeping, not a change of the conversation.
+Taken with conditional UPDATEs, so the row counts say who won: one on the conversation
+(its turn lock, a ``RowLease`` on ``turn_owner`` and ``turn_started_at``, is free or
+abandoned, and its calls are under CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row
+of the day (under CHAT_MAX_CALLS_PER_USER_PER_DAY), in one short transaction: two turns
+racing for the last call cannot both win, and a refusal of the second undoes the first.
+The reservation is given back (lock released, both counts decremented) when the turn
+fails, and the lock alone is released by the commit that stores the turn. A lock left by a
+worker that died mid-turn is taken over after CHAT_TURN_SECONDS; its call stays counted:
+the provider may well have billed it.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from datetime import date
 from typing import Any, NoReturn
 
 from django.db import transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -38,13 +35,12 @@ logger = logging.getLogger("ctxsum.chat")
 
 IN_PROGRESS = _("Another turn of this conversation is in progress; try again when it is done.")
 TURN = RowLease(
+    model=Conversation,
     owner="turn_owner",
     since="turn_started_at",
     stale_after=lambda: ctxsum_settings.CHAT_TURN_SECONDS,
 )
-# The turn lock was taken over (the turn was older than CHAT_TURN_SECONDS): what this turn
-# got must not be stored.
-TurnLost = LeaseLost
+TurnLost = LeaseLost  # the turn lock was taken over: what the turn got must not be stored
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,32 +53,28 @@ class Reservation:
     day: date
     db: str
 
-    @property
-    def rows(self) -> QuerySet[Conversation]:
-        return Conversation.objects.using(self.db).filter(pk=self.conversation_pk)
-
 
 def turn_reserve(conversation: Conversation, *, user: Any, db: str) -> Reservation:
     """Take the conversation's turn lock and one call of each limit. Raises TurnInProgress,
     CallLimitReached (nothing taken then) or Conversation.DoesNotExist."""
     now, limit = timezone.now(), ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    under = None if limit is None else Q(chat_calls__lt=limit)
     with transaction.atomic(using=db):
-        rows = Conversation.objects.using(db).filter(pk=conversation.pk)
-        under = None if limit is None else Q(chat_calls__lt=limit)
-        token = TURN.take(rows, now=now, where=under, chat_calls=F("chat_calls") + 1)
+        token = TURN.take(conversation, db=db, now=now, where=under, chat_calls=F("chat_calls") + 1)
         if token is None:
-            _refuse(rows)
+            _refuse(conversation, db=db)
         user_pk = _day_reserve(user, now.date(), db=db)
     return Reservation(
         conversation_pk=conversation.pk, token=token, user_pk=user_pk, day=now.date(), db=db
     )
 
 
-def _refuse(rows: QuerySet[Conversation]) -> NoReturn:
-    """Why the claim matched the row it found: the limit, or another turn's lock. Read
-    after the claim: a lock released meanwhile was still held when the claim ran, while a
-    call count never goes down but by a failed turn's release."""
+def _refuse(conversation: Conversation, *, db: str) -> NoReturn:
+    """Why the claim left the row, which exists, alone: the limit, or another turn's lock.
+    Read after the claim: a lock released meanwhile was still held when the claim ran,
+    while a call count never goes down but by a failed turn's release."""
     limit = ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    rows = Conversation.objects.using(db).filter(pk=conversation.pk)
     if limit is not None and not rows.filter(chat_calls__lt=limit).exists():
         raise CallLimitReached(CONVERSATION_LIMIT.format(limit=limit), scope="conversation")
     raise TurnInProgress(IN_PROGRESS)
@@ -124,8 +116,9 @@ def turn_release(reservation: Reservation) -> None:
 def _release(reservation: Reservation) -> None:
     db = reservation.db
     with transaction.atomic(using=db):
-        calls = F("chat_calls") - 1
-        released = TURN.release(reservation.rows, reservation.token, chat_calls=calls)
+        released = TURN.release(
+            reservation.conversation_pk, reservation.token, db=db, chat_calls=F("chat_calls") - 1
+        )
         if released and reservation.user_pk is not None:
             ChatCallDay.objects.using(db).filter(
                 user_id=reservation.user_pk, day=reservation.day, calls__gt=0
@@ -136,4 +129,4 @@ def turn_lock(reservation: Reservation) -> Conversation:
     """The conversation row, locked for the commit, while the turn still holds its lock.
     Raises TurnLost when another turn took it over, Conversation.DoesNotExist when the
     conversation is gone. Call inside a transaction."""
-    return TURN.lock(reservation.rows, reservation.token)
+    return TURN.lock(reservation.conversation_pk, reservation.token, db=reservation.db)

@@ -270,15 +270,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "lock-ignores-lease",
         ROW_LEASE,
-        "locked = self.held(rows.select_for_update(), token).first()",
+        "locked = rows.select_for_update().filter(**{self.owner: token}).first()",
         "locked = rows.select_for_update().first()",
         COMPACTION_TESTS,
     ),
     Mutant(
         "lock-without-row-lock",
         ROW_LEASE,
-        "locked = self.held(rows.select_for_update(), token).first()",
-        "locked = self.held(rows, token).first()",
+        "locked = rows.select_for_update().filter(**{self.owner: token}).first()",
+        "locked = rows.filter(**{self.owner: token}).first()",
         RACE_TESTS,
         postgres=True,
     ),
