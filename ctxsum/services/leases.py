@@ -39,7 +39,7 @@ def lease_seconds() -> float:
 LEASE = RowLease(
     model=Conversation, owner="lease_owner", since="leased_at", stale_after=lease_seconds
 )
-# (conversation, [token,] *, db): the token or None; raise LeaseLost once the lease is lost.
+# The lease's methods under the names compactions call them by: (conversation, [token,] *, db).
 lease_take, lease_renew, lease_lock = LEASE.take, LEASE.renew, LEASE.lock
 lease_release, lease_expires = LEASE.release, LEASE.expires
 
