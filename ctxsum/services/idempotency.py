@@ -2,13 +2,14 @@
 answered with the first answer, and stores nothing new.
 
 A request claims its key with one INSERT (the unique constraint on owner, conversation and
-key decides between concurrent requests), runs, and stores its answer on the claim
-(``key_answer``); a request that answered an error gives the claim back (``key_release``).
-A write that must never be repeated marks the claim applied inside its own transaction
-(``key_applied``): the write and the mark commit together or not at all. A claim whose
-request never answered is abandoned after ``IDEMPOTENCY_CLAIM_SECONDS``, and a retry takes
-it over, unless it was applied: then the write stands, and the retry is told its answer was
-lost rather than run again. Keys expire ``IDEMPOTENCY_KEY_SECONDS`` after their claim.
+key decides between concurrent requests): a ``RowLease`` on ``token`` and ``claimed_at``.
+It runs, and stores its answer on the claim (``key_answer``); one that answered an error
+gives the claim back (``key_release``). A write that must never be repeated marks the claim
+applied inside its own transaction (``key_applied``): the write and the mark commit
+together or not at all. A claim whose request never answered is abandoned after
+``IDEMPOTENCY_CLAIM_SECONDS``, and a retry takes it over, unless it was applied: then the
+write stands, and the retry is told its answer was lost rather than run again. Keys expire
+``IDEMPOTENCY_KEY_SECONDS`` after their claim.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import CtxsumError
 from ctxsum.models import Conversation, IdempotencyKey
+from ctxsum.services.row_lease import LeaseLost, RowLease
 from ctxsum.services.transactions import write_db
 
 logger = logging.getLogger("ctxsum.idempotency")
@@ -37,10 +38,13 @@ logger = logging.getLogger("ctxsum.idempotency")
 State = IdempotencyKey.State
 # How often a claim retries when the row it lost to vanished or changed meanwhile.
 CLAIM_TRIES = 3
-
-
-class ClaimLost(CtxsumError):
-    """Another request took this request's claim over: what it was writing must not commit."""
+CLAIM = RowLease(
+    model=IdempotencyKey,
+    owner="token",
+    since="claimed_at",
+    stale_after=lambda: ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS,
+)
+ClaimLost = LeaseLost  # another request took the claim over: its write must not commit
 
 
 class Found(enum.Enum):
@@ -108,8 +112,8 @@ def key_claim(
         found = rows.first()
         if found is None:
             continue  # given back meanwhile: claim it anew
-        held = rows.filter(pk=found.pk, token=found.token)
-        running = found.state == State.IN_PROGRESS and not _abandoned(found, now)
+        held = rows.filter(pk=found.pk, token=found.token)  # as long as no one took it over
+        running = found.state == State.IN_PROGRESS and not CLAIM.abandoned(found, now)
         if _expired(found, now) and not running:
             if held.update(**fresh):
                 return Claim(pk=found.pk, token=token, db=db)
@@ -118,7 +122,7 @@ def key_claim(
             return Found.REUSED
         if found.state == State.DONE:
             return Answer(status=found.status_code or 200, data=json.loads(found.response))
-        if not _abandoned(found, now):
+        if not CLAIM.abandoned(found, now):
             return Found.IN_PROGRESS
         if found.applied_at is not None:
             return Found.ANSWER_LOST
@@ -132,25 +136,17 @@ def _expired(found: IdempotencyKey, now: datetime) -> bool:
     return found.created_at <= now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS)
 
 
-def _abandoned(found: IdempotencyKey, now: datetime) -> bool:
-    return found.claimed_at <= now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS)
-
-
 def key_applied(claim: Claim | None) -> None:
     """Mark the claim applied; call inside the transaction of the write it guards, so the
     two commit together. Raises ClaimLost (rolling the write back) when another request
     took the claim over. No claim: nothing to do, and no query."""
-    if claim is None:
-        return
-    held = IdempotencyKey.objects.using(claim.db).filter(pk=claim.pk, token=claim.token)
-    if not held.update(applied_at=timezone.now()):
-        raise ClaimLost
+    if claim is not None:
+        CLAIM.update(claim.pk, claim.token, db=claim.db, applied_at=timezone.now())
 
 
 def key_answer(claim: Claim, *, status: int, data: Any) -> None:
     """Store the answer of the request that holds ``claim``: retries get it from now on."""
-    held = IdempotencyKey.objects.using(claim.db).filter(pk=claim.pk, token=claim.token)
-    held.update(
+    CLAIM.held(claim.pk, claim.token, db=claim.db).update(
         state=State.DONE,
         status_code=status,
         response=json.dumps(data, cls=DjangoJSONEncoder),
@@ -164,9 +160,8 @@ def key_release(claim: Claim) -> None:
     anew. An applied claim is kept: its write must not run twice. A release that fails
     itself (the database is unusable) is logged, never raised in place of the error that
     ended the request; the claim is then taken over once abandoned."""
-    held = IdempotencyKey.objects.using(claim.db).filter(pk=claim.pk, token=claim.token)
     try:
-        held.filter(applied_at__isnull=True).delete()
+        CLAIM.held(claim.pk, claim.token, db=claim.db).filter(applied_at__isnull=True).delete()
     except Exception:
         logger.exception(
             "Could not give back the Idempotency-Key claim %s; a retry takes it over after "
@@ -182,7 +177,7 @@ def keys_expired_delete(*, db: str | None = None) -> int:
     expired = Q(created_at__lte=now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS))
     live_claim = Q(
         state=State.IN_PROGRESS,
-        claimed_at__gt=now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS),
+        claimed_at__gt=now - timedelta(seconds=CLAIM.stale_after()),
     )
     rows = IdempotencyKey.objects.using(db or write_db())
     deleted, _ = rows.filter(expired & ~live_claim).delete()

@@ -2,24 +2,22 @@
 against the limits, taken together before anything else of the turn happens.
 
 Taken with conditional UPDATEs, so the row counts say who won: one on the conversation
-(its turn lock is free or abandoned, and its calls are under
-CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row of the day (under
-CHAT_MAX_CALLS_PER_USER_PER_DAY), in one short transaction: two turns racing for the last
-call cannot both win, and a refusal of the second undoes the first. The reservation is
-given back (lock released, both counts decremented) when the turn fails, and the lock alone
-is released by the commit that stores the turn. A worker that dies mid-turn leaves its lock
-behind; after CHAT_TURN_SECONDS the next turn takes it over. Its call stays counted: the
-provider may well have billed it. Queryset updates leave ``updated_at`` alone: a
-reservation is bookkeeping, not a change of the conversation.
+(its turn lock, a ``RowLease`` on ``turn_owner`` and ``turn_started_at``, is free or
+abandoned, and its calls are under CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row
+of the day (under CHAT_MAX_CALLS_PER_USER_PER_DAY), in one short transaction: two turns
+racing for the last call cannot both win, and a refusal of the second undoes the first.
+The reservation is given back (lock released, both counts decremented) when the turn
+fails, and the lock alone is released by the commit that stores the turn. A lock left by a
+worker that died mid-turn is taken over after CHAT_TURN_SECONDS; its call stays counted:
+the provider may well have billed it.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass
-from datetime import date, timedelta
-from typing import Any
+from datetime import date
+from typing import Any, NoReturn
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -29,17 +27,20 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import CallLimitReached, TurnInProgress
 from ctxsum.models import ChatCallDay, Conversation
+from ctxsum.services.row_lease import LeaseLost, RowLease
 
 CONVERSATION_LIMIT = _("This conversation has made its {limit} model calls.")
 USER_DAY_LIMIT = _("You have made your {limit} model calls for today (UTC).")
 logger = logging.getLogger("ctxsum.chat")
 
 IN_PROGRESS = _("Another turn of this conversation is in progress; try again when it is done.")
-
-
-class TurnLost(Exception):
-    """The turn lock was taken over (the turn was older than CHAT_TURN_SECONDS): what this
-    turn got must not be stored."""
+TURN = RowLease(
+    model=Conversation,
+    owner="turn_owner",
+    since="turn_started_at",
+    stale_after=lambda: ctxsum_settings.CHAT_TURN_SECONDS,
+)
+TurnLost = LeaseLost  # the turn lock was taken over: what the turn got must not be stored
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,30 +57,24 @@ class Reservation:
 def turn_reserve(conversation: Conversation, *, user: Any, db: str) -> Reservation:
     """Take the conversation's turn lock and one call of each limit. Raises TurnInProgress,
     CallLimitReached (nothing taken then) or Conversation.DoesNotExist."""
-    token, now = uuid.uuid4().hex, timezone.now()
-    stale = now - timedelta(seconds=ctxsum_settings.CHAT_TURN_SECONDS)
-    free = Q(turn_owner="") | Q(turn_started_at__lte=stale)
-    limit = ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    now, limit = timezone.now(), ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    under = None if limit is None else Q(chat_calls__lt=limit)
     with transaction.atomic(using=db):
-        rows = Conversation.objects.using(db).filter(pk=conversation.pk)
-        claim = rows.filter(free)
-        if limit is not None:
-            claim = claim.filter(chat_calls__lt=limit)
-        if not claim.update(turn_owner=token, turn_started_at=now, chat_calls=F("chat_calls") + 1):
-            _refuse(rows)
+        token = TURN.take(conversation, db=db, now=now, where=under, chat_calls=F("chat_calls") + 1)
+        if token is None:
+            _refuse(conversation, db=db)
         user_pk = _day_reserve(user, now.date(), db=db)
     return Reservation(
         conversation_pk=conversation.pk, token=token, user_pk=user_pk, day=now.date(), db=db
     )
 
 
-def _refuse(rows: Any) -> None:
-    """Why the claim matched no row: gone, the limit, or another turn's lock. Read after
-    the claim: a lock released meanwhile was still held when the claim ran, while a call
-    count never goes down but by a failed turn's release."""
-    if not rows.exists():
-        raise Conversation.DoesNotExist
+def _refuse(conversation: Conversation, *, db: str) -> NoReturn:
+    """Why the claim left the row, which exists, alone: the limit, or another turn's lock.
+    Read after the claim: a lock released meanwhile was still held when the claim ran,
+    while a call count never goes down but by a failed turn's release."""
     limit = ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    rows = Conversation.objects.using(db).filter(pk=conversation.pk)
     if limit is not None and not rows.filter(chat_calls__lt=limit).exists():
         raise CallLimitReached(CONVERSATION_LIMIT.format(limit=limit), scope="conversation")
     raise TurnInProgress(IN_PROGRESS)
@@ -121,10 +116,9 @@ def turn_release(reservation: Reservation) -> None:
 def _release(reservation: Reservation) -> None:
     db = reservation.db
     with transaction.atomic(using=db):
-        rows = Conversation.objects.using(db).filter(
-            pk=reservation.conversation_pk, turn_owner=reservation.token
+        released = TURN.release(
+            reservation.conversation_pk, reservation.token, db=db, chat_calls=F("chat_calls") - 1
         )
-        released = rows.update(turn_owner="", turn_started_at=None, chat_calls=F("chat_calls") - 1)
         if released and reservation.user_pk is not None:
             ChatCallDay.objects.using(db).filter(
                 user_id=reservation.user_pk, day=reservation.day, calls__gt=0
@@ -135,10 +129,4 @@ def turn_lock(reservation: Reservation) -> Conversation:
     """The conversation row, locked for the commit, while the turn still holds its lock.
     Raises TurnLost when another turn took it over, Conversation.DoesNotExist when the
     conversation is gone. Call inside a transaction."""
-    rows = Conversation.objects.using(reservation.db).filter(pk=reservation.conversation_pk)
-    locked = rows.select_for_update().filter(turn_owner=reservation.token).first()
-    if locked is None:
-        if not rows.exists():
-            raise Conversation.DoesNotExist
-        raise TurnLost
-    return locked
+    return TURN.lock(reservation.conversation_pk, reservation.token, db=reservation.db)

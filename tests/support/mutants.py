@@ -46,6 +46,7 @@ LAYOUT = "ctxsum/layout.py"
 VALIDATION = "ctxsum/validation.py"
 COMPACTION = "ctxsum/services/compaction.py"
 LEASES = "ctxsum/services/leases.py"
+ROW_LEASE = "ctxsum/services/row_lease.py"
 REDACTION = "ctxsum/services/redaction.py"
 FACT_BLOCK = "ctxsum/services/fact_block.py"
 REBUILD = "ctxsum/services/rebuild.py"
@@ -269,16 +270,16 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- compaction: the commit's guards -------------------------------------------------
     Mutant(
         "lock-ignores-lease",
-        LEASES,
-        "locked = rows.select_for_update().filter(lease_owner=token).first()",
+        ROW_LEASE,
+        "locked = rows.select_for_update().filter(**{self.owner: token}).first()",
         "locked = rows.select_for_update().first()",
         COMPACTION_TESTS,
     ),
     Mutant(
         "lock-without-row-lock",
-        LEASES,
-        "locked = rows.select_for_update().filter(lease_owner=token).first()",
-        "locked = rows.filter(lease_owner=token).first()",
+        ROW_LEASE,
+        "locked = rows.select_for_update().filter(**{self.owner: token}).first()",
+        "locked = rows.filter(**{self.owner: token}).first()",
         RACE_TESTS,
         postgres=True,
     ),
@@ -364,8 +365,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "conflict-keeps-lease",
         LEASES,
-        "    except WriteNothing:\n        lease_release(conversation, token, db=db)\n",
-        "    except WriteNothing:\n",
+        "    except (WriteNothing, LeaseLost):\n"
+        "        lease_release(conversation, token, db=db)\n",
+        "    except (WriteNothing, LeaseLost):\n",
         COMPACTION_TESTS,
     ),
     Mutant(
