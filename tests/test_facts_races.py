@@ -22,8 +22,7 @@ from django.utils import timezone
 from ctxsum.fact_lines import fact_tokens
 from ctxsum.models import Conversation, Fact
 from ctxsum.selectors import context_get
-from ctxsum.services import fact_hooks
-from ctxsum.services import conversation_create, fact_add
+from ctxsum.services import conversation_create, fact_add, fact_hooks
 from ctxsum.services.fact_block import conversations_lock, facts_recount
 from tests.factories import assistant_message, long_user_message
 from tests.invariants import assert_context_invariants
