@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import shared_task
 
-from ctxsum.services.autocompact import conversation_compact_queued
+from ctxsum.services import conversation_compact_queued
 
 
 @shared_task(name="ctxsum.compact_conversation")  # type: ignore[untyped-decorator]

@@ -18,6 +18,7 @@ from typing import Any
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
+from ctxsum.exceptions import SummarizerError, SummaryTruncated
 from ctxsum.layout import PINNED_MAX, ContextLayout, SeqRange
 
 Message = Mapping[str, Any]
@@ -72,6 +73,19 @@ class Reason(StrEnum):
     def choices(cls) -> list[tuple[str, str]]:
         """The reasons as a model field's choices."""
         return [(reason.value, reason.value) for reason in cls]
+
+
+def failure_reason(error: BaseException) -> Reason:
+    """The reason a failed compaction is recorded with: ``interrupted`` for an exit that is
+    not an ``Exception`` (KeyboardInterrupt, SystemExit, a worker's timeout, a
+    cancellation), which stopped the worker rather than failed the work."""
+    if not isinstance(error, Exception):
+        return Reason.INTERRUPTED
+    if isinstance(error, SummaryTruncated):
+        return Reason.SUMMARY_TRUNCATED
+    if isinstance(error, SummarizerError):
+        return Reason.SUMMARIZER_ERROR
+    return Reason.ERROR
 
 
 class PolicyError(ValueError):

@@ -21,6 +21,27 @@ from ctxsum.models import (
 )
 from ctxsum.policy import Policy, parse_policy
 
+# The reads the README documents ("The Python API"), the context's type, and the reads the
+# REST layer and the admin also use.
+__all__ = [
+    "ActiveContext",
+    "active_summary_version",
+    "chat_usage",
+    "context_get",
+    "conversation_effective_policy",
+    "conversation_list",
+    "conversation_policy",
+    "conversation_stats",
+    "current_prompt",
+    "effective_policy",
+    "stale_summaries",
+    "summary_is_stale",
+    "summary_list",
+    "summary_message",
+    "summary_withheld",
+    "transcript_list",
+]
+
 # A summary's coverage check: cumulative, it grows with the conversation (to hundreds of
 # kB); only a compaction writing the next version and the admin's summary page read it.
 SUMMARY_HEAVY = ("coverage_facts",)

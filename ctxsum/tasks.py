@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ctxsum.services.autocompact import conversation_compact_queued
+from ctxsum.services import conversation_compact_queued
 
 try:
     from django.tasks import task

@@ -20,10 +20,10 @@ from rest_framework.test import APIClient
 
 from ctxsum import signals
 from ctxsum.models import CompactionAttempt, Conversation, IdempotencyKey, Message, Summary
-from ctxsum.policy import Reason
+from ctxsum.policy import Reason, failure_reason
 from ctxsum.services import conversation_create
 from ctxsum.services import turns as turns_service
-from ctxsum.services.compaction import conversation_compact, failure_reason
+from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.summarizers.base import Summarizer
 from tests.factories import OFFLINE_SUMMARIZER, long_user_message, system_message, user_message

@@ -5,6 +5,8 @@ then brings the caller's instance up to date with the row as it left it."""
 from __future__ import annotations
 
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -15,26 +17,34 @@ from tests.factories import OFFLINE_SUMMARIZER, turns
 pytestmark = pytest.mark.django_db
 LONG = "turn {i}: the traveller wants a morning flight to Delhi with a window seat " * 3
 
-WRITES = {
-    "conversation_create",
-    "conversation_update",
-    "conversation_delete",
-    "conversation_compact",
-    "conversation_rebuild",
-    "conversation_revert",
-    "message_append",
-    "message_redact",
-    "file_import",
-    "chat_turn",
-    "fact_add",
-    "fact_change",
-    "fact_delete",
-}
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_services_export_every_write_and_take_keywords_only():
-    assert set(services.__all__) == WRITES
-    for name in WRITES - {"file_import"}:
+def documented() -> tuple[set[str], set[str]]:
+    """The writes and the reads of the README's Python API table."""
+    section = README.read_text(encoding="utf-8").split("### The Python API", 1)[1]
+    table = section[section.index("| writes") :].split("\n\n", 1)[0]
+    writes: set[str] = set()
+    reads: set[str] = set()
+    for line in table.splitlines()[2:]:
+        _, left, right, _ = line.split("|")
+        writes |= set(re.findall(r"`([a-z_]+)`", left))
+        reads |= set(re.findall(r"`([A-Za-z_]+)`", right))
+    return writes, reads
+
+
+def test_the_packages_export_what_the_readme_documents():
+    writes, reads = documented()
+    assert {"conversation_create", "message_append", "conversation_compact"} <= writes
+    assert writes <= set(services.__all__)
+    assert reads == set(selectors.__all__)
+    assert all(hasattr(services, name) for name in services.__all__)
+    assert all(hasattr(selectors, name) for name in selectors.__all__)
+
+
+def test_the_documented_writes_take_keywords_only():
+    writes, _ = documented()
+    for name in writes - {"file_import", "write_db"}:
         parameters = inspect.signature(getattr(services, name)).parameters.values()
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters), name
 

@@ -10,7 +10,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from ctxsum.models import Conversation
-from ctxsum.services.conversations import POLICY_FIELDS, fields_clean, policy_clean
+from ctxsum.services import POLICY_FIELDS, fields_clean, policy_clean
 
 if TYPE_CHECKING:
     ConversationModelForm = forms.ModelForm[Conversation]

@@ -28,8 +28,7 @@ from ctxsum.completions import sse
 from ctxsum.exceptions import (
     MessagesInvalid,
 )
-from ctxsum.services.chat import ChatResult, ChatStream
-from ctxsum.services.idempotency import Claim, key_answer, key_release
+from ctxsum.services import ChatResult, ChatStream, Claim, key_answer, key_release
 
 logger = logging.getLogger("ctxsum.api")
 

@@ -20,8 +20,7 @@ from ctxsum.exceptions import (
     TurnInProgress,
 )
 from ctxsum.models import Conversation, Fact
-from ctxsum.policy import Reason
-from ctxsum.services.compaction import failure_reason
+from ctxsum.policy import Reason, failure_reason
 
 logger = logging.getLogger("ctxsum.api")
 

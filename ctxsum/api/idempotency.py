@@ -30,7 +30,7 @@ from rest_framework.response import Response
 
 from ctxsum.api import schema
 from ctxsum.conf import ctxsum_settings
-from ctxsum.services.idempotency import (
+from ctxsum.services import (
     Answer,
     Claim,
     ClaimLost,

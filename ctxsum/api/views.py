@@ -49,7 +49,7 @@ from ctxsum.exceptions import (
     SummarizerError,
 )
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.services.compaction import failure_reason
+from ctxsum.policy import failure_reason
 
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:

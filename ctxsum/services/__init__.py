@@ -1,23 +1,55 @@
 """Every write and every transaction of ctxsum: the Python API. Views, the admin and
-commands call these; so can your code."""
+commands call these, importing from this package, never from its modules; so can your code.
 
-from ctxsum.services.chat import chat_turn
+The first group is the API the README documents for your code; the second is what the
+REST layer, the admin and the commands also need (requests' Idempotency-Keys, the checks
+behind the edit form, imports with progress, the background compaction's entry point).
+"""
+
+from ctxsum.services.autocompact import conversation_compact_queued
+from ctxsum.services.chat import ChatResult, ChatStream, chat_turn
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import (
+    POLICY_FIELDS,
     conversation_create,
     conversation_delete,
     conversation_update,
+    fields_clean,
+    policy_clean,
 )
 from ctxsum.services.facts import fact_add, fact_change, fact_delete
-from ctxsum.services.imports import file_import
+from ctxsum.services.idempotency import (
+    Answer,
+    Claim,
+    ClaimLost,
+    Found,
+    fingerprint,
+    key_answer,
+    key_claim,
+    key_release,
+    keys_expired_delete,
+)
+from ctxsum.services.imports import (
+    REASONS_SHOWN,
+    RecordInvalid,
+    Tally,
+    error_reason,
+    file_import,
+    imported_source_ids,
+    record_import,
+    record_parse,
+)
 from ctxsum.services.messages import message_append
 from ctxsum.services.rebuild import conversation_rebuild
-from ctxsum.services.redaction import message_redact
+from ctxsum.services.redaction import WITHHELD, message_redact
 from ctxsum.services.revert import conversation_revert
+from ctxsum.services.transactions import write_db
 
+# The Python API (README, "The Python API").
 __all__ = [
     "chat_turn",
     "conversation_compact",
+    "conversation_compact_queued",
     "conversation_create",
     "conversation_delete",
     "conversation_rebuild",
@@ -27,6 +59,32 @@ __all__ = [
     "fact_change",
     "fact_delete",
     "file_import",
+    "keys_expired_delete",
     "message_append",
     "message_redact",
+    "write_db",
+]
+# For the REST layer, the admin and the commands.
+__all__ += [
+    "POLICY_FIELDS",
+    "REASONS_SHOWN",
+    "WITHHELD",
+    "Answer",
+    "ChatResult",
+    "ChatStream",
+    "Claim",
+    "ClaimLost",
+    "Found",
+    "RecordInvalid",
+    "Tally",
+    "error_reason",
+    "fields_clean",
+    "fingerprint",
+    "imported_source_ids",
+    "key_answer",
+    "key_claim",
+    "key_release",
+    "policy_clean",
+    "record_import",
+    "record_parse",
 ]

@@ -30,9 +30,9 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation
-from ctxsum.policy import Reason
+from ctxsum.policy import Reason, failure_reason
 from ctxsum.selectors import conversation_policy, summary_withheld
-from ctxsum.services.compaction import CompactionResult, conversation_compact, failure_reason
+from ctxsum.services.compaction import CompactionResult, conversation_compact
 from ctxsum.services.leases import lease_expires, lease_seconds
 from ctxsum.services.rebuild import conversation_rebuild, rebuild_gave_no_gain
 from ctxsum.services.transactions import write_db

@@ -20,10 +20,10 @@ from django.db.models import Max, Q
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
-from ctxsum.exceptions import SummarizerError, SummaryTruncated
+from ctxsum.exceptions import SummarizerError
 from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
-from ctxsum.policy import Plan, Policy, Reason, Sizing, plan_compaction
+from ctxsum.policy import Plan, Policy, Reason, Sizing, failure_reason, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
@@ -88,19 +88,6 @@ class _Run:
 def over_trigger(context: ActiveContext, policy: Policy) -> bool:
     """Whether the context still reaches its trigger or exceeds its ceiling."""
     return policy.over(len(context.messages), context.token_count)
-
-
-def failure_reason(error: BaseException) -> Reason:
-    """The reason a failed compaction is recorded with: ``interrupted`` for an exit that is
-    not an ``Exception`` (KeyboardInterrupt, SystemExit, a worker's timeout, a
-    cancellation), which stopped the worker rather than failed the work."""
-    if not isinstance(error, Exception):
-        return Reason.INTERRUPTED
-    if isinstance(error, SummaryTruncated):
-        return Reason.SUMMARY_TRUNCATED
-    if isinstance(error, SummarizerError):
-        return Reason.SUMMARIZER_ERROR
-    return Reason.ERROR
 
 
 def conversation_compact(

@@ -22,7 +22,7 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
 from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
-from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, summary_budget
+from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, failure_reason, summary_budget
 from ctxsum.selectors import conversation_policy
 from ctxsum.services.compaction import (
     COMMIT_FIELDS,
@@ -30,7 +30,6 @@ from ctxsum.services.compaction import (
     active_summary_is,
     attempt_record,
     failure_log,
-    failure_reason,
     gain_check,
     redactions_unchanged,
     summary_insert,

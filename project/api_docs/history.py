@@ -9,7 +9,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.test import override_settings
 
-from ctxsum.services.redaction import WITHHELD
+from ctxsum.services import WITHHELD
 from project.api_docs import samples
 from project.api_docs.document import SUMMARY_IN_SHORT, Document, expect
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from ctxsum.services.idempotency import keys_expired_delete
+from ctxsum.services import keys_expired_delete
 
 
 class Command(BaseCommand):

@@ -9,9 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from ctxsum.management.batches import ConversationBatchCommand
 from ctxsum.models import Conversation
-from ctxsum.services.autocompact import conversation_compact_queued
-from ctxsum.services.compaction import conversation_compact
-from ctxsum.services.transactions import write_db
+from ctxsum.services import conversation_compact, conversation_compact_queued, write_db
 
 
 class Command(ConversationBatchCommand):

@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ctxsum.services.imports import (
+from ctxsum.services import (
     REASONS_SHOWN,
     Tally,
     file_import,

@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from ctxsum.management.batches import ConversationBatchCommand
 from ctxsum.models import Conversation
 from ctxsum.selectors import stale_summaries
-from ctxsum.services.rebuild import conversation_rebuild
+from ctxsum.services import conversation_rebuild
 
 
 class Command(ConversationBatchCommand):

@@ -12,7 +12,7 @@ from ctxsum.management.batches import ConversationBatchCommand
 from ctxsum.models import Conversation, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import active_summary_version
-from ctxsum.services.revert import conversation_revert
+from ctxsum.services import conversation_revert
 
 NOTHING_TO_REVERT = "nothing_to_revert"
 

@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ctxsum.exceptions import TooLarge
 from ctxsum.models import Conversation
-from ctxsum.services.imports import (
+from ctxsum.services import (
     RecordInvalid,
     error_reason,
     record_import,
