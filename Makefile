@@ -38,6 +38,9 @@ run: venv
 	trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT; \
 	$(BIN)/python manage.py runserver 127.0.0.1:8000
 
+# Every test; the property suites at the size CTXSUM_TEST_PROFILE names: dev (the default,
+# a quarter of their examples) or ci (full size, as .ci/run runs them). PYTEST_ARGS="-m 'not
+# slow'" leaves the slowest tests out (docs/testing.md).
 test: venv
 	$(BIN)/pytest $(PYTEST_ARGS)
 

@@ -2,10 +2,18 @@ from __future__ import annotations
 
 import pytest
 
+from tests import profiles
 from tests.support.shared import use_tiktoken_cache
 
 # tiktoken downloads its encodings on first use: use the offline cache when there is one.
 use_tiktoken_cache()
+# The Hypothesis profile (dev or ci, tests/profiles.py), loaded before any test module
+# builds its settings from it.
+PROFILE = profiles.load()
+
+
+def pytest_report_header() -> str:
+    return f"ctxsum test profile: {PROFILE} (set by {profiles.VARIABLE}: dev or ci)"
 
 
 @pytest.fixture(autouse=True)
