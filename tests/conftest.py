@@ -23,6 +23,13 @@ def _fast_password_hasher(settings):
 
 
 @pytest.fixture
+def assert_queries_at_most(django_assert_max_num_queries):
+    """``with assert_queries_at_most(budget.APPEND):`` fails, listing the queries, when the
+    block takes more than its budget (tests/query_budgets.py holds every budget)."""
+    return django_assert_max_num_queries
+
+
+@pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user(username="alice", password="pw-alice")
 
