@@ -1,11 +1,12 @@
-"""The test profiles, chosen by ``CTXSUM_TEST_PROFILE``: how large the property suites run.
+"""The test profiles, chosen by ``CTXSUM_TEST_PROFILE`` (docs/testing.md, "Profiles").
 
-- ``dev`` (the default): every test runs, the property suites at a quarter of their examples,
-  so that ``make test`` stays quick on a small machine;
-- ``ci``: every property suite at its full size, as ``.ci/run`` runs them.
+- ``dev`` (the default): ``make test`` leaves the tests marked ``slow`` out, and a property
+  suite run by hand runs a quarter of its examples;
+- ``ci``: every test, each property suite at its full size, as ``.ci/run`` runs them; a
+  Hypothesis failure prints the blob that reproduces it.
 
-A suite states its full size through ``examples(full)``; Hypothesis tests that pin no size
-get the profile's ``max_examples``. The profile in use is printed in pytest's header.
+A property suite states its full size as ``max_examples=examples(full)``; Hypothesis tests
+that pin their own size keep it in both. The profile in use is printed in pytest's header.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ VARIABLE = "CTXSUM_TEST_PROFILE"
 DEFAULT = "dev"
 # The share of its full size a property suite runs in each profile.
 SHARES = {"dev": 0.25, "ci": 1.0}
-# Hypothesis' own default size (100 examples) is the full one.
-FULL_MAX_EXAMPLES = 100
 
 
 def profile() -> str:
@@ -33,20 +32,13 @@ def profile() -> str:
 
 def examples(full: int) -> int:
     """``full`` in the ci profile; the profile's share of it (at least one) in the others."""
-    return _scaled(profile(), full)
+    return max(1, round(full * SHARES[profile()]))
 
 
 def load() -> str:
     """Register both profiles with Hypothesis and load the one in use; answers its name."""
     for name in SHARES:
-        # print_blob: a failure in CI prints what reproduces it locally.
-        settings.register_profile(
-            name, max_examples=_scaled(name, FULL_MAX_EXAMPLES), print_blob=name == "ci"
-        )
+        settings.register_profile(name, print_blob=name == "ci")
     name = profile()
     settings.load_profile(name)
     return name
-
-
-def _scaled(name: str, full: int) -> int:
-    return max(1, round(full * SHARES[name]))
