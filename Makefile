@@ -38,8 +38,13 @@ run: venv
 	trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT; \
 	$(BIN)/python manage.py runserver 127.0.0.1:8000
 
+# CTXSUM_TEST_PROFILE (tests/profiles.py, docs/testing.md): dev, the default, leaves the
+# tests marked slow out and runs the property suites at a quarter of their examples; ci runs
+# every test at full size, as .ci/run does. PYTEST_ARGS="-m slow" runs only the slow tests.
+CTXSUM_TEST_PROFILE ?= dev
 test: venv
-	$(BIN)/pytest $(PYTEST_ARGS)
+	CTXSUM_TEST_PROFILE=$(CTXSUM_TEST_PROFILE) $(BIN)/pytest \
+		$(if $(filter ci,$(CTXSUM_TEST_PROFILE)),,-m "not slow") $(PYTEST_ARGS)
 
 # mypy checks what [tool.mypy] names in pyproject.toml: ctxsum and the example project;
 # lint-imports the import contracts of [tool.importlinter].

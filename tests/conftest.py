@@ -2,16 +2,31 @@ from __future__ import annotations
 
 import pytest
 
+from tests import profiles
 from tests.support.shared import use_tiktoken_cache
 
 # tiktoken downloads its encodings on first use: use the offline cache when there is one.
 use_tiktoken_cache()
+# The Hypothesis profile (dev or ci, tests/profiles.py), loaded before any test module
+# builds its settings from it.
+PROFILE = profiles.load()
+
+
+def pytest_report_header() -> str:
+    return f"ctxsum test profile: {PROFILE} (set by {profiles.VARIABLE}: dev or ci)"
 
 
 @pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
     # Creating a user hashes a password; the default hasher costs most of a second each.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def assert_queries_at_most(django_assert_max_num_queries):
+    """``with assert_queries_at_most(budget.APPEND):`` fails, listing the queries, when the
+    block takes more than its budget (tests/query_budgets.py holds every budget)."""
+    return django_assert_max_num_queries
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from ctxsum.services import (
     message_redact,
 )
 from ctxsum.services.redaction import REDACTED
+from tests import query_budgets as budget
 from tests.factories import (
     assistant_calls,
     assistant_message,
@@ -668,19 +669,6 @@ def test_summary_filters(admin_client, user):
 
 # --- queries ---------------------------------------------------------------------------------
 
-# Pinned query counts, the same for a conversation of 20 messages and of 10,000. Every page
-# starts with the session and the user (2).
-# The list: COUNT of the filtered list, the page (owner joined, counts, tokens saved and the
-# last attempt as subqueries), the source filter's choices.
-LIST_QUERIES = 5
-# Review: the conversation (annotated like a row of the list), the pinned system message,
-# the active summary, the newest active messages, a page of the transcript by seq (the
-# summaries joined), the latest versions, the latest attempts, the key facts it sees.
-REVIEW_QUERIES = 10
-# Summary: the summary (conversation and previous version joined), the next version, a page
-# of the messages it covers (the archiving versions joined), the key facts it wrote.
-SUMMARY_QUERIES = 6
-
 
 def build(owner, size: int) -> Conversation:
     """``size`` messages through the services (a system prompt, then turns appended in
@@ -700,23 +688,24 @@ def build(owner, size: int) -> Conversation:
     return conversation
 
 
+@pytest.mark.slow
 def test_pages_take_the_same_queries_for_20_and_10000_messages(
-    admin_client, user, django_assert_num_queries
+    admin_client, user, assert_queries_at_most
 ):
     small = build(user, 20)
-    with django_assert_num_queries(LIST_QUERIES):
+    with assert_queries_at_most(budget.ADMIN_LIST):
         page(admin_client, url("conversation_changelist"))
     big = build(user, 10_000)
-    with django_assert_num_queries(LIST_QUERIES):
+    with assert_queries_at_most(budget.ADMIN_LIST):
         page(admin_client, url("conversation_changelist"))
 
     for conversation in (small, big):
         summary = Summary.objects.get(conversation=conversation)
         last = (conversation.message_count - 1) // 50 + 1
         for suffix in ("", f"?page={last}"):
-            with django_assert_num_queries(REVIEW_QUERIES):
+            with assert_queries_at_most(budget.ADMIN_REVIEW):
                 page(admin_client, url("conversation_review", conversation.pk) + suffix)
-            with django_assert_num_queries(SUMMARY_QUERIES):
+            with assert_queries_at_most(budget.ADMIN_SUMMARY):
                 page(admin_client, url("summary_change", summary.pk) + suffix)
 
     deep = transcript(admin_client, big, "?page=150")

@@ -18,6 +18,7 @@ from ctxsum.fact_lines import fact_tokens
 from ctxsum.models import Conversation, Fact, FactChange, Summary
 from ctxsum.services import conversation_create, fact_add
 from ctxsum.services.fact_block import block_tokens, facts_chosen, facts_recount, facts_visible
+from tests import query_budgets as budget
 from tests.factories import compacted_conversation, turns
 
 pytestmark = pytest.mark.django_db
@@ -327,16 +328,9 @@ def test_deleting_a_conversation_counts_its_facts(admin_client, summarized):
     assert "Facts: 2" in confirm or "facts: 2" in confirm.lower()
 
 
-# The review page takes one query for the facts however many there are; the summary page one
-# for what its version wrote (see tests/test_admin.py for the rest of each count).
-REVIEW_QUERIES = 10
-SUMMARY_QUERIES = 6
-FACT_LIST_QUERIES = 4  # session, user, the page (joined), the filtered count's page check
-
-
 @pytest.mark.parametrize("extra", [0, 40])
 def test_the_pages_take_the_same_queries_however_many_facts(
-    admin_client, summarized, extra, django_assert_num_queries
+    admin_client, summarized, extra, assert_queries_at_most
 ):
     summary = Summary.objects.get(conversation=summarized)
     for index in range(extra):
@@ -348,9 +342,9 @@ def test_the_pages_take_the_same_queries_however_many_facts(
     review = url("conversation_review", summarized.pk)
     page(admin_client, review)  # the session's first touch is not what is counted
 
-    with django_assert_num_queries(REVIEW_QUERIES):
+    with assert_queries_at_most(budget.ADMIN_REVIEW):
         page(admin_client, review)
-    with django_assert_num_queries(SUMMARY_QUERIES):
+    with assert_queries_at_most(budget.ADMIN_SUMMARY):
         page(admin_client, url("summary_change", summary.pk))
-    with django_assert_num_queries(FACT_LIST_QUERIES):
+    with assert_queries_at_most(budget.ADMIN_FACT_LIST):
         page(admin_client, url("fact_changelist"))

@@ -13,8 +13,8 @@ from django.test import Client
 from bench.common import FIXED_SUMMARIZER
 from bench.scaling_measure import OPERATIONS, Target, measure, ratio
 from bench.scaling_state import others_build, pool_of, target_build
+from tests.query_budgets import CONTEXT as CONTEXT_QUERIES
 from tests.support.shared import FIXTURE_CONVERSATIONS
-from tests.test_queries import CONTEXT_QUERIES
 
 pytestmark = pytest.mark.django_db
 SIZES = (10, 120)

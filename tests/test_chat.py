@@ -24,6 +24,7 @@ from ctxsum.models import ChatCallDay, ChatTurn, Conversation, Message
 from ctxsum.selectors import context_get, conversation_stats
 from ctxsum.services import chat_turn, conversation_create, message_append
 from ctxsum.services.chat import ChatResult, ChatStream
+from tests import query_budgets as budget
 from tests.factories import (
     long_user_message,
     tool_call,
@@ -496,22 +497,14 @@ def assert_provider_valid(messages: list[dict[str, Any]]) -> None:
 
 # --------------------------------------------------------------------------- queries
 
-# A turn with nothing to compact: the check of the message against the context (3: the
-# summary, the messages, the key facts), the reservation (SAVEPOINT, UPDATE, RELEASE), the
-# row as the reservation left it (1: what the turn plans from), the context again (3), and
-# the commit (SAVEPOINT, the locked read, the check that nothing sent was redacted since:
-# the active summary and the messages' redactions, INSERT of the two messages, UPDATE of
-# the counters, INSERT of the turn, UPDATE of the turn lock, RELEASE).
-TURN_QUERIES = 3 + 3 + 1 + 3 + 9
-
 
 @pytest.mark.parametrize("size", [4, 400])
-def test_a_turn_takes_a_fixed_number_of_queries(user, chat_model, django_assert_num_queries, size):
+def test_a_turn_takes_a_fixed_number_of_queries(user, chat_model, assert_queries_at_most, size):
     messages = [user_message(f"m{n}") for n in range(size)]
     conversation = conversation_create(
         owner=user, messages=messages, trigger={"messages": 10_000}, keep={"messages": 2}
     )
-    with django_assert_num_queries(TURN_QUERIES):
+    with assert_queries_at_most(budget.CHAT_TURN):
         chat_turn(conversation=conversation, message=user_message("Hi"))
 
 

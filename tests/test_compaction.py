@@ -20,6 +20,7 @@ from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.leases import lease_seconds
 from ctxsum.services.summaries import summary_size
 from ctxsum.tokens import context_tokens, count_message
+from tests import query_budgets as budget
 from tests.backends import HookSummarizer, ReplySummarizer
 from tests.factories import (
     OFFLINE_SUMMARIZER,
@@ -553,27 +554,17 @@ def test_history_over_the_input_budget_is_summarized_in_chunks(user, settings, h
 
 
 @pytest.mark.parametrize("size", [10, 400])
-def test_compaction_queries_do_not_grow_with_the_archived_range(
-    user, size, django_assert_num_queries
-):
+def test_compaction_queries_do_not_grow_with_the_archived_range(user, size, assert_queries_at_most):
     conversation = services.conversation_create(
         owner=user, system="Sys", trigger={"messages": 6}, keep={"messages": 2}
     )
     batch = [user_message(f"message {index}") for index in range(size)]
     services.message_append(conversation=conversation, messages=batch)
 
-    with django_assert_num_queries(COMPACTION_QUERIES):
+    with assert_queries_at_most(budget.COMPACTION):
         result = conversation_compact(conversation=conversation)
     assert result.compacted
     assert Message.objects.filter(conversation=conversation).archived().count() == size - 2
-
-
-# snapshot (conversation, summary, messages, facts): 4; earlier no_gain for the range: 1;
-# lease (one conditional update): 1; commit (savepoint, lock, active summary, newest version,
-# insert summary, bulk update, counters, attempt, release): 9; the fresh context
-# (conversation, summary, messages, facts): 4. No key facts in these messages: merging
-# some adds a few statements, however many facts (tests/test_replay.py).
-COMPACTION_QUERIES = 19
 
 
 @pytest.mark.django_db(transaction=True)

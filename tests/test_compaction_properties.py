@@ -17,6 +17,7 @@ import json
 import socket
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pytest
@@ -31,8 +32,8 @@ from hypothesis import strategies as st
 from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation, Summary
 from ctxsum.policy import PINNED_MAX, Reason
-from ctxsum.selectors import context_get, transcript_list
-from ctxsum.services.compaction import conversation_compact
+from ctxsum.selectors import ActiveContext, context_get, transcript_list
+from ctxsum.services.compaction import CompactionResult, conversation_compact
 from ctxsum.services.conversations import conversation_create, conversation_update
 from ctxsum.services.messages import message_append
 from ctxsum.services.revert import conversation_revert
@@ -48,14 +49,16 @@ from tests.factories import (
 )
 from tests.invariants import assert_context_invariants
 from tests.openai_server import FakeOpenAI, running_fake_openai
+from tests.profiles import examples
 
 OPENAI = "ctxsum.summarizers.openai.OpenAISummarizer"
 # The default prompt with its length-budget line: a budget below it + 256 is refused.
 PROMPT_TOKENS = 213 + 15
 
+# Full size in the ci profile (tests/profiles.py).
 PROPERTY_SETTINGS = hypothesis_settings(
     deadline=None,
-    max_examples=80,
+    max_examples=examples(80),
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
@@ -204,7 +207,38 @@ def _assert_unchanged(conversation: Conversation, before: dict[str, Any], why: s
         assert after[key] == value, f"{why} changed the {key}"
 
 
+@dataclass
+class Run:
+    """One example of the property: the conversation, what was appended to it so far, and
+    the draws that decide every step."""
+
+    data: st.DataObject
+    conversation: Conversation
+    trigger: dict[str, int]
+    ceiling: int | None
+    appended: list[dict[str, Any]] = field(default_factory=list)
+    # Calls a result appended during a summarizer call answered: their own result, coming
+    # later in the example's messages, would be a second one, which is refused.
+    answered_meanwhile: set[str] = field(default_factory=set)
+    compactions: int = 0
+
+
+@dataclass
+class Step:
+    """One compaction attempt of a run: its mode, what it saw before, what it answered and
+    what was appended during its summarizer call."""
+
+    mode: str
+    result: CompactionResult
+    batch: list[dict[str, Any]]
+    during: list[dict[str, Any]]
+    summaries_before: int
+    context_before: ActiveContext
+    next_seq: int
+
+
 @pytest.mark.django_db
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(
     messages=conversations(min_turns=3),
@@ -219,140 +253,180 @@ def test_every_step_keeps_the_invariants(messages, policy, summary_budget, data)
         SUMMARIZER=INTERLEAVING, SUMMARY_MAX_TOKENS=max_tokens, SUMMARY_INPUT_BUDGET=input_budget
     )
     with override_settings(CTXSUM=config):
-        conversation = _new_conversation(trigger, keep, ceiling)
-        appended: list[dict[str, Any]] = []
-        # Calls a result appended during a summarizer call answered: their own result,
-        # coming later in ``messages``, would be a second one, which is refused.
-        answered_meanwhile: set[str] = set()
-        sent = compactions = 0
+        run = Run(data, _new_conversation(trigger, keep, ceiling), trigger, ceiling)
+        sent = 0
         while sent < len(messages):
             size = data.draw(st.integers(1, 4), label="batch size")
             batch = [
                 message
                 for message in messages[sent : sent + size]
-                if message.get("tool_call_id") not in answered_meanwhile
+                if message.get("tool_call_id") not in run.answered_meanwhile
             ]
             sent += size
-            if not batch:
-                continue
-            message_append(conversation=conversation, messages=batch)
-            appended.extend(batch)
-            assert_context_invariants(conversation, original_messages=appended)
+            if batch:
+                _append(run, batch)
+                _maybe_replace_the_system_prompt(run)
+                _check_step(run, _compact(run, batch))
+        target(float(run.compactions), label="compactions")
 
-            if data.draw(st.integers(0, 19), label="replace system prompt") == 0:
-                # PATCH {"system": ...}: the old leading message stays in the transcript.
-                count = conversation.message_count
-                system = data.draw(texts, label="new system prompt")
-                conversation = conversation_update(conversation=conversation, system=system)
-                if conversation.message_count > count:
-                    appended.append({"role": "system", "content": system})
-                assert_context_invariants(conversation, original_messages=appended)
 
-            # Appends that land while the summary is being written.
-            during: list[dict[str, Any]] = []
+def _append(run: Run, batch: list[dict[str, Any]]) -> None:
+    message_append(conversation=run.conversation, messages=batch)
+    run.appended.extend(batch)
+    assert_context_invariants(run.conversation, original_messages=run.appended)
 
-            def append_meanwhile(conversation=conversation, during=during):
-                call_ids = [
-                    call["id"]
-                    for row in conversation.messages.active().filter(tool_calls__isnull=False)
-                    for call in row.tool_calls
-                ]
-                for message in data.draw(interleaved(call_ids), label="appended meanwhile"):
-                    try:
-                        message_append(conversation=conversation, messages=[message])
-                    except ValidationError:
-                        continue  # a result for an archived or answered request: refused
-                    during.append(message)
-                    if message["role"] == "tool":
-                        answered_meanwhile.add(message["tool_call_id"])
 
-            InterleavingSummarizer.during = append_meanwhile
-            mode = data.draw(st.sampled_from(["auto"] * 6 + ["force"] * 2 + ["dry_run"]))
-            before = Summary.objects.filter(conversation=conversation).count()
-            snapshot = _snapshot(conversation) if mode == "dry_run" else None
-            context_before = context_get(conversation=conversation)
-            next_seq = conversation.next_seq
-            result = conversation_compact(
-                conversation=conversation, force=mode == "force", dry_run=mode == "dry_run"
-            )
-            InterleavingSummarizer.during = None
-            appended.extend(during)
-            event(f"{mode}: {result.reason}{' +meanwhile' if during else ''}")
-            assert_context_invariants(conversation, original_messages=appended)
-            conversation.refresh_from_db()
-            assert conversation.lease_owner == "" and conversation.leased_at is None
+def _maybe_replace_the_system_prompt(run: Run) -> None:
+    """Now and then a PATCH {"system": ...}: the old leading message stays in the
+    transcript."""
+    if run.data.draw(st.integers(0, 19), label="replace system prompt") != 0:
+        return
+    count = run.conversation.message_count
+    system = run.data.draw(texts, label="new system prompt")
+    run.conversation = conversation_update(conversation=run.conversation, system=system)
+    if run.conversation.message_count > count:
+        run.appended.append({"role": "system", "content": system})
+    assert_context_invariants(run.conversation, original_messages=run.appended)
 
-            if mode == "dry_run":
-                assert not result.compacted and not during
-                _assert_unchanged(conversation, snapshot, "a dry run")
-                continue
-            summaries = Summary.objects.filter(conversation=conversation)
-            archived_calls = {
-                call["id"] for row in result.archived for call in row.tool_calls or ()
-            }
-            late_results = [m for m in during if m.get("tool_call_id") in archived_calls]
-            if late_results:
-                # A result for a request being archived arrived during the call: the commit
-                # would orphan it, so nothing is written (unless the summary was no gain,
-                # which is found first and writes nothing either).
-                assert not result.compacted
-                assert result.reason in (Reason.CONFLICT, Reason.NO_GAIN)
-            if not result.compacted:
-                allowed = {Reason.NOTHING_TO_SUMMARIZE, Reason.NO_GAIN, Reason.CONFLICT}
-                if mode == "auto":
-                    allowed.add(Reason.BELOW_TRIGGER)
-                assert result.reason in allowed
-                assert summaries.count() == before
-                continue
 
-            compactions += 1
-            # A compaction: one new active summary, at least one message archived, the
-            # newest message kept verbatim, smaller than what it replaced.
-            assert result.reason == Reason.COMPACTED
-            assert summaries.count() == before + 1
-            new = summaries.get(version=before + 1)
-            assert result.summary is not None and result.summary.pk == new.pk
-            assert new.active
-            assert result.archived
-            assert all(row.summary_id is None for row in result.archived)  # snapshot rows
-            assert {row.seq for row in result.archived} == set(
-                new.messages.values_list("seq", flat=True)
-            )
-            replaced = sum(row.token_count for row in result.archived)
-            if new.previous is not None:
-                replaced += new.previous.token_count
-            assert new.token_count < replaced
-            newest = during[-1] if during else batch[-1]
-            tail = _active_tail(conversation)
-            assert tail and tail[-1].as_openai() == newest
-            context = context_get(conversation=conversation)
-            assert context.messages[-1] == newest
-            # Below the trigger (and the ceiling) unless the answer says otherwise.
-            over = _reached(trigger, ceiling, len(context.messages), context.token_count)
-            assert result.over_trigger == over
-            attempt = result.attempt
-            assert attempt is not None
-            assert attempt.outcome == CompactionAttempt.Outcome.COMPACTED
-            assert attempt.messages_archived == len(result.archived)
-            assert attempt.tokens_after == context.token_count
-            assert (attempt.from_seq, attempt.to_seq) == (
-                result.archived[0].seq,
-                result.archived[-1].seq,
-            )
-            if data.draw(st.integers(0, 3), label="revert it") == 0:
-                # Undone: the context before the compaction, plus what came meanwhile.
-                reverted = conversation_revert(conversation=conversation, version=new.version)
-                assert reverted.reverted and reverted.restored == result.archived
-                event("reverted")
-                after = context_get(conversation=conversation)
-                meanwhile = conversation.messages.filter(seq__gte=next_seq).order_by("seq")
-                assert after.messages == [*context_before.messages, *during]
-                assert after.tokens == [
-                    *context_before.tokens,
-                    *(row.token_count for row in meanwhile),
-                ]
-                assert_context_invariants(conversation, original_messages=appended)
-        target(float(compactions), label="compactions")
+def _append_meanwhile(run: Run, during: list[dict[str, Any]]) -> Callable[[], None]:
+    """The hook the summarizer runs inside its call: appends that land while the summary
+    is being written, recorded in ``during``."""
+    conversation = run.conversation
+
+    def append_meanwhile() -> None:
+        call_ids = [
+            call["id"]
+            for row in conversation.messages.active().filter(tool_calls__isnull=False)
+            for call in row.tool_calls
+        ]
+        for message in run.data.draw(interleaved(call_ids), label="appended meanwhile"):
+            try:
+                message_append(conversation=conversation, messages=[message])
+            except ValidationError:
+                continue  # a result for an archived or answered request: refused
+            during.append(message)
+            if message["role"] == "tool":
+                run.answered_meanwhile.add(message["tool_call_id"])
+
+    return append_meanwhile
+
+
+def _compact(run: Run, batch: list[dict[str, Any]]) -> Step:
+    """A compaction in a drawn mode (auto, forced or a dry run), with appends during its
+    summarizer call; the invariants hold after it and the lease is given back."""
+    conversation = run.conversation
+    during: list[dict[str, Any]] = []
+    InterleavingSummarizer.during = _append_meanwhile(run, during)
+    mode = run.data.draw(st.sampled_from(["auto"] * 6 + ["force"] * 2 + ["dry_run"]))
+    summaries_before = Summary.objects.filter(conversation=conversation).count()
+    snapshot = _snapshot(conversation) if mode == "dry_run" else None
+    context_before = context_get(conversation=conversation)
+    next_seq = conversation.next_seq
+    result = conversation_compact(
+        conversation=conversation, force=mode == "force", dry_run=mode == "dry_run"
+    )
+    InterleavingSummarizer.during = None
+    run.appended.extend(during)
+    event(f"{mode}: {result.reason}{' +meanwhile' if during else ''}")
+    assert_context_invariants(conversation, original_messages=run.appended)
+    conversation.refresh_from_db()
+    assert conversation.lease_owner == "" and conversation.leased_at is None
+    if snapshot is not None:
+        assert not result.compacted and not during
+        _assert_unchanged(conversation, snapshot, "a dry run")
+    return Step(mode, result, batch, during, summaries_before, context_before, next_seq)
+
+
+def _check_step(run: Run, step: Step) -> None:
+    """What a compaction that was not a dry run answered, checked against the database."""
+    if step.mode == "dry_run":
+        return
+    _check_late_results(step)
+    if not step.result.compacted:
+        _check_not_compacted(run, step)
+        return
+    run.compactions += 1
+    new = _check_compacted(run, step)
+    _check_the_context_after(run, step)
+    if run.data.draw(st.integers(0, 3), label="revert it") == 0:
+        _check_revert(run, step, new)
+
+
+def _check_late_results(step: Step) -> None:
+    """A result for a request being archived arrived during the call: the commit would
+    orphan it, so nothing is written (unless the summary was no gain, which is found first
+    and writes nothing either)."""
+    archived_calls = {call["id"] for row in step.result.archived for call in row.tool_calls or ()}
+    if any(m.get("tool_call_id") in archived_calls for m in step.during):
+        assert not step.result.compacted
+        assert step.result.reason in (Reason.CONFLICT, Reason.NO_GAIN)
+
+
+def _check_not_compacted(run: Run, step: Step) -> None:
+    allowed = {Reason.NOTHING_TO_SUMMARIZE, Reason.NO_GAIN, Reason.CONFLICT}
+    if step.mode == "auto":
+        allowed.add(Reason.BELOW_TRIGGER)
+    assert step.result.reason in allowed
+    assert Summary.objects.filter(conversation=run.conversation).count() == step.summaries_before
+
+
+def _check_compacted(run: Run, step: Step) -> Summary:
+    """A compaction: one new active summary, at least one message archived, smaller than
+    what it replaced. Answers the new summary."""
+    result, before = step.result, step.summaries_before
+    summaries = Summary.objects.filter(conversation=run.conversation)
+    assert result.reason == Reason.COMPACTED
+    assert summaries.count() == before + 1
+    new = summaries.get(version=before + 1)
+    assert result.summary is not None and result.summary.pk == new.pk
+    assert new.active
+    assert result.archived
+    assert all(row.summary_id is None for row in result.archived)  # snapshot rows
+    assert {row.seq for row in result.archived} == set(new.messages.values_list("seq", flat=True))
+    replaced = sum(row.token_count for row in result.archived)
+    if new.previous is not None:
+        replaced += new.previous.token_count
+    assert new.token_count < replaced
+    return new
+
+
+def _check_the_context_after(run: Run, step: Step) -> None:
+    """The newest message kept verbatim; below the trigger (and the ceiling) unless the
+    answer says otherwise; the attempt recorded as what happened."""
+    result = step.result
+    newest = step.during[-1] if step.during else step.batch[-1]
+    tail = _active_tail(run.conversation)
+    assert tail and tail[-1].as_openai() == newest
+    context = context_get(conversation=run.conversation)
+    assert context.messages[-1] == newest
+    over = _reached(run.trigger, run.ceiling, len(context.messages), context.token_count)
+    assert result.over_trigger == over
+    attempt = result.attempt
+    assert attempt is not None
+    assert attempt.outcome == CompactionAttempt.Outcome.COMPACTED
+    assert attempt.messages_archived == len(result.archived)
+    assert attempt.tokens_after == context.token_count
+    assert (attempt.from_seq, attempt.to_seq) == (
+        result.archived[0].seq,
+        result.archived[-1].seq,
+    )
+
+
+def _check_revert(run: Run, step: Step, new: Summary) -> None:
+    """Undone: the context before the compaction, plus what came meanwhile."""
+    conversation = run.conversation
+    reverted = conversation_revert(conversation=conversation, version=new.version)
+    assert reverted.reverted and reverted.restored == step.result.archived
+    event("reverted")
+    after = context_get(conversation=conversation)
+    meanwhile = conversation.messages.filter(seq__gte=step.next_seq).order_by("seq")
+    assert after.messages == [*step.context_before.messages, *step.during]
+    assert after.tokens == [
+        *step.context_before.tokens,
+        *(row.token_count for row in meanwhile),
+    ]
+    assert_context_invariants(conversation, original_messages=run.appended)
 
 
 # --- a failing summarizer changes nothing -------------------------------------------------
@@ -425,8 +499,9 @@ def _failing_config(failure: str, server: FakeOpenAI) -> dict[str, Any]:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", FAILURES)
-@hypothesis_settings(PROPERTY_SETTINGS, max_examples=6)
+@hypothesis_settings(PROPERTY_SETTINGS, max_examples=examples(6))
 @given(messages=conversations(min_turns=4), policy=policies(), split=st.floats(0, 1))
 def test_a_failing_summarizer_changes_nothing(failing_server, failure, messages, policy, split):
     trigger, keep, _ = policy

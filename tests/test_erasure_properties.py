@@ -35,6 +35,7 @@ from ctxsum.services.facts import fact_add, fact_change, fact_delete
 from tests.backends import OfflineHookSummarizer
 from tests.factories import tool_call, tool_result
 from tests.invariants import assert_context_invariants
+from tests.profiles import examples
 
 WORDS = ("flight", "Delhi", "hotel", "window", "refund", "Mumbai", "seat", "order", "bag")
 CTXSUM = {
@@ -175,10 +176,11 @@ def message_append_form(message: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_counters_and_erasure_hold_under_every_mix_of_operations() -> None:
     machine = Conversations.TestCase
     machine.settings = settings(
-        max_examples=40,
+        max_examples=examples(40),  # full size in the ci profile (tests/profiles.py)
         stateful_step_count=40,
         deadline=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

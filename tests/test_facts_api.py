@@ -16,6 +16,7 @@ from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS, fact_tokens
 from ctxsum.models import Conversation, Fact
 from ctxsum.services import conversation_create
 from ctxsum.services.fact_block import block_tokens, facts_chosen, facts_recount, facts_visible
+from tests import query_budgets as budget
 from tests.factories import compacted_conversation, turns
 from tests.support.urls import api_url
 from tests.test_schema import answer_schema, assert_valid
@@ -702,27 +703,22 @@ def test_every_answer_is_as_the_schema_describes_it(api, chats, document):
 
 # --------------------------------------------------------------------------- queries
 
-# The conversation's lookup, then every fact it sees (the summary's version joined).
-CONVERSATION_LIST_QUERIES = 2
-# The subject's facts: the paginator's COUNT, then the page.
-SUBJECT_LIST_QUERIES = 2
-
 
 @pytest.mark.parametrize("count", [2, 40])
 def test_the_lists_take_the_same_queries_however_many_facts(
-    api, user, chats, count, django_assert_num_queries
+    api, user, chats, count, assert_queries_at_most
 ):
     conversation = chats[0]
     for index in range(count):
         model_fact(conversation, key=f"own {index}", value=f"value {index}")
         model_fact(owner=user, subject=SUBJECT, key=f"shared {index}", value=f"value {index}")
 
-    with django_assert_num_queries(CONVERSATION_LIST_QUERIES):
+    with assert_queries_at_most(budget.CONVERSATION_FACTS):
         listed = api.get(facts_url(conversation))
-    with django_assert_num_queries(SUBJECT_LIST_QUERIES):
+    with assert_queries_at_most(budget.SUBJECT_FACTS):
         shared = api.get(subject_url())
     one = facts_url(conversation, Fact.objects.first())
-    with django_assert_num_queries(CONVERSATION_LIST_QUERIES):
+    with assert_queries_at_most(budget.CONVERSATION_FACTS):
         api.get(one)
 
     assert listed.json()["count"] == 2 * count and shared.json()["count"] == count

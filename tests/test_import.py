@@ -220,6 +220,7 @@ def test_import_the_shipped_real_conversations_round_trips(user):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_import_every_real_conversation_round_trips(user):
     """Every conversation of ../shared/data loads with no rejection, and its transcript is
     its input message list, exactly."""

@@ -12,6 +12,7 @@ import pytest
 
 from ctxsum import selectors, services
 from ctxsum.models import Conversation
+from tests import query_budgets as budget
 from tests.factories import OFFLINE_SUMMARIZER, turns
 
 pytestmark = pytest.mark.django_db
@@ -99,10 +100,10 @@ def test_a_stale_instance_only_names_the_row(conversation):
     assert stale.message_count == conversation.message_count + 1 == row(stale)["message_count"]
 
 
-def test_update_saves_only_what_changed(conversation, django_assert_num_queries):
+def test_update_saves_only_what_changed(conversation, assert_queries_at_most):
     services.conversation_update(conversation=conversation, title="Same")
     revision = conversation.revision
-    with django_assert_num_queries(3):  # savepoint, locked read, release: no write
+    with assert_queries_at_most(budget.UPDATE_UNCHANGED):
         services.conversation_update(conversation=conversation, title="Same")
     assert conversation.revision == revision
 

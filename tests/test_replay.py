@@ -191,6 +191,7 @@ def verbose(settings):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_looping_run(user, offline):
     record = looping_run()
     names = collections.Counter(call["function"]["name"] for call in tool_calls(record["messages"]))
@@ -203,6 +204,7 @@ def test_looping_run(user, offline):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_parallel_tool_calls(user, offline):
     subset = parallel_runs()
     assert len(subset) == 10 and most_parallel(subset[0]["messages"]) == 20
@@ -219,6 +221,7 @@ def test_call_that_never_gets_a_result(user, offline):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_reused_tool_call_ids(user, offline):
     subset = reused_id_runs()
     assert len(subset) == 10
@@ -227,6 +230,7 @@ def test_reused_tool_call_ids(user, offline):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_long_chats(user, offline):
     subset = long_chats()
     stats = replay_all(subset, user)
@@ -267,6 +271,7 @@ def test_the_stored_model_is_the_one_sent(user, offline, settings):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow
 def test_summaries_that_are_no_smaller_are_skipped_as_no_gain(user, verbose, settings):
     """Every summary is larger than what it would replace: nothing is compacted, each
     range goes to the summarizer once (a range that has not grown is not sent again), and
@@ -373,6 +378,7 @@ def run_script(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_script_exits_0_and_writes_results(tmp_path):
     output = tmp_path / "replay.json"
     done = run_script(
@@ -404,6 +410,7 @@ def test_script_exits_0_and_writes_results(tmp_path):
     assert "token reduction at turn >= 20" in done.stdout
 
 
+@pytest.mark.slow
 def test_script_exits_1_on_a_violation(tmp_path):
     with gzip.open(DATA_DIR / CHATS, "rt") as lines:
         record = json.loads(lines.readline())

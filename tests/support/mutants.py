@@ -3,11 +3,14 @@ redaction and the facts block, and a runner that applies them one at a time and 
 tests that should notice.
 
     python -m tests.support.mutants [--list] [--only NAME]... [--output results.json]
+    python -m tests.support.mutants --check
 
 Each mutant replaces one exact snippet of a source file with a small, plausible mistake (a
 ``>=`` that became ``>``, a guard that went missing). The snippet must occur exactly once in
 its file, or the run fails before anything is changed: the table is checked against the
-code every time, so it cannot drift from it silently.
+code every time, so it cannot drift from it silently. ``--check`` does only that (in well
+under a second) and exits 1 naming every mutant whose snippet no longer matches; it is a
+step of ``.ci/run``.
 
 A mutant is applied by rewriting its file in place; its pytest selection then runs in a
 subprocess (``-x -q -p no:cacheprovider``), and the file is restored in a ``finally`` with
@@ -492,7 +495,8 @@ class TableError(Exception):
 
 
 def check_table(mutants: Iterable[Mutant]) -> None:
-    """Raise TableError unless every name is unique and every snippet occurs exactly once."""
+    """Raise TableError unless every name is unique, every snippet occurs exactly once and
+    every test file a selection names exists."""
     problems, names = [], set()
     for mutant in mutants:
         if mutant.name in names:
@@ -503,8 +507,27 @@ def check_table(mutants: Iterable[Mutant]) -> None:
             problems.append(f"{mutant.name}: the snippet occurs {count} times in {mutant.path}")
         if mutant.before == mutant.after:
             problems.append(f"{mutant.name}: the replacement changes nothing")
+        for test in mutant.tests:
+            if not (REPO_ROOT / test.split("::", 1)[0]).is_file():
+                problems.append(f"{mutant.name}: its selection names {test}, which is gone")
     if problems:
         raise TableError("\n".join(problems))
+
+
+def check(mutants: Sequence[Mutant]) -> int:
+    """``--check``: 0 when the table matches the code, else 1 with every mismatch named."""
+    try:
+        check_table(mutants)
+    except TableError as error:
+        print(
+            "The mutant table (tests/support/mutants.py) no longer matches the code; "
+            "move each snippet below with the code it stands for:",
+            file=sys.stderr,
+        )
+        print(error, file=sys.stderr)
+        return 1
+    print(f"The mutant table matches the code: {len(mutants)} mutants, each snippet found once.")
+    return 0
 
 
 @contextmanager
@@ -648,6 +671,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check that every snippet occurs once in its file, run nothing, and exit",
+    )
+    parser.add_argument(
         "--only", action="append", metavar="NAME", help="run this mutant only (repeatable)"
     )
     parser.add_argument("--output", type=Path, help="write the results as JSON here")
@@ -683,8 +711,10 @@ def interrupted(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status 0 when every mutant was killed or survived as expected, 1 otherwise."""
     args = parse_args(argv)
+    status = check(MUTANTS)  # a table that drifted from the code runs nothing
+    if args.check or status:
+        return status
     mutants = selected(args.only)
-    check_table(MUTANTS)
     if args.list:
         for mutant in mutants:
             tests = " ".join(mutant.tests)
