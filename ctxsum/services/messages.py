@@ -1,12 +1,12 @@
 """Appending messages: validated and counted outside the transaction, stored inside one that
 locks the conversation row to hand out gapless ``seq`` numbers and keep the counters exact.
 
-``message_append`` locks the row with the UPDATE that moves its counters
-(``append_claim``), then checks tool results and inserts the rows under that lock. Writers
-that hold the row already store through ``messages_insert``, which saves the counters after
-the rows: a chat turn's commit and a new system prompt, under the row lock they took for
-their own checks, and a new conversation's first messages, in the transaction that inserts
-the conversation."""
+``message_append`` locks the row with the UPDATE that moves its counters (``append_claim``),
+then checks tool results and inserts the rows under that lock; ``_append`` alone chooses
+that or, on PostgreSQL, the same as one statement. Writers that hold the row already store
+through ``messages_insert``, which saves the counters after the rows: a chat turn's commit
+and a new system prompt, under the row lock they took for their own checks, and a new
+conversation's first messages, in the transaction that inserts the conversation."""
 
 from __future__ import annotations
 
