@@ -6,7 +6,8 @@ What it must keep: seqs gapless and counters exact after any mix of batches; a r
 batch leaves the row, its counters and revision as they were; a conversation that is gone
 is Conversation.DoesNotExist (404 over REST), even when it is deleted while the append waits
 for the row; the objects handed back equal what the database holds. On PostgreSQL, threads
-appending to one conversation get disjoint, consecutive seq ranges.
+appending to one conversation get disjoint, consecutive seq ranges. That PostgreSQL's one
+statement stores what the transaction would: tests/test_append_differential.py.
 """
 
 from __future__ import annotations

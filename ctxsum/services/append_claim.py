@@ -13,7 +13,8 @@ On PostgreSQL, an append with nothing to check under the lock (no tool result) i
 statement (``append_claim_insert``): the UPDATE in a ``WITH`` clause, the INSERT that takes
 its seqs from the row the UPDATE returned, and the tool-call index rows of what it
 inserted. A statement is atomic on its own, so it needs no ``BEGIN`` and ``COMMIT``: one
-round trip instead of four (or five, with tool calls).
+round trip instead of four (or five, with tool calls). Its rows carry the values the
+transaction's INSERT would (``inserts.row_values``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from weakref import WeakKeyDictionary
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
+from django.db.models.sql.compiler import SQLCompiler
 from django.utils import timezone
 
 from ctxsum.models import Conversation, Message, ToolCall
@@ -33,10 +35,13 @@ from ctxsum.services.inserts import column_name, insert_fields, row_values
 
 # The counters that move by the number of messages appended.
 BY_COUNT = ("next_seq", "message_count", "active_message_count")
+# The row the claim returns: every field, in the model's order, which ``from_db`` takes.
+RETURNED = Conversation._meta.concrete_fields
 # The statement per database vendor (quoting names is the backend's).
 _SQL: dict[str, str] = {}
-# The converters of the returned columns, per connection (each thread has its own).
-_CONVERTERS: WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, Any, list[Any]]]] = (
+# A query compiler and its converters of the returned columns, per connection (each thread
+# has its own): the returned values become field values as a query's would.
+_CONVERTERS: WeakKeyDictionary[BaseDatabaseWrapper, tuple[SQLCompiler, dict[int, Any]]] = (
     WeakKeyDictionary()
 )
 
@@ -72,7 +77,7 @@ def append_claim_insert(*, pk: Any, db: str, rows: Sequence[Message], tokens: in
             calls += [back, call["id"], call["function"]["name"]]
     sql = [statement.head, ", ".join([statement.row] * len(rows)), statement.added]
     if calls:
-        sql += [statement.calls, ", ".join([statement.call] * (len(calls) // 3)), statement.joined]
+        sql += [statement.calls, ", ".join(["(%s, %s, %s)"] * (len(calls) // 3)), statement.joined]
     with connection.cursor() as cursor:
         cursor.execute(" ".join([*sql, statement.tail]), params + calls)
         found = cursor.fetchone()
@@ -104,13 +109,12 @@ class _ClaimInsert:
     """``append_claim_insert``'s statement, but for its VALUES rows, and what they carry."""
 
     fields: list[Field[Any, Any]]  # the message columns of a VALUES row: all but ``seq``
-    head: str  # WITH claim AS (UPDATE …), added AS (INSERT … FROM claim, (VALUES
+    head: str  # WITH claim AS (UPDATE … RETURNING …), added AS (INSERT … FROM claim, (VALUES
     row: str  # (CAST(%s AS integer), CAST(%s AS …), …)
     added: str  # ) AS v (…) RETURNING id, seq)
-    calls: str  # , calls AS (INSERT INTO the tool-call index … (VALUES
-    call: str  # (CAST(%s AS integer), CAST(%s AS …), CAST(%s AS …))
+    calls: str  # , calls AS (INSERT INTO the tool-call index … FROM claim, added, (VALUES
     joined: str  # ) AS c (back, call_id, name) WHERE added.seq = claim.next_seq - c.back)
-    tail: str  # SELECT claim.*, ARRAY(…) FROM claim
+    tail: str  # SELECT claim.<every returned column>, ARRAY(ids of added) FROM claim
 
 
 _CLAIM_INSERTS: dict[str, _ClaimInsert] = {}
@@ -119,10 +123,11 @@ _CLAIM_INSERTS: dict[str, _ClaimInsert] = {}
 def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
     """The statement of ``append_claim_insert``, composed once per vendor. Each VALUES row
     is the row's distance back from ``next_seq`` (the last row's is 1), then its values,
-    cast to their columns' types (a VALUES list in FROM does not take them from the INSERT);
-    ``seq`` is the claimed ``next_seq`` less that distance. A tool call's VALUES row is its
-    message's distance, its id and its function's name; its index row takes the message's
-    id and seq from what ``added`` returned."""
+    cast to their columns' types (a VALUES list in FROM does not take them from the INSERT,
+    and a NULL would be text); ``seq`` is the claimed ``next_seq`` less that distance. The
+    FROM joins the claim, so a conversation that is gone gets no rows. A tool call's VALUES
+    row, its message's distance, its id and its function's name, is never NULL and needs no
+    cast; its index row takes the message's id and seq from what ``added`` returned."""
     statement = _CLAIM_INSERTS.get(connection.vendor)
     if statement is None:
         quote = connection.ops.quote_name
@@ -134,7 +139,6 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
         columns = ", ".join([*(quote(column_name(field)) for field in fields), seq])
         values = ", ".join(f"v.{name}" for name in names)
         index = {field.name: field for field in ToolCall._meta.concrete_fields}
-        call_id, name = index["call_id"], index["name"]
         index_columns = ", ".join(
             quote(column_name(index[field]))
             for field in ("conversation", "message", "seq", "call_id", "name")
@@ -154,12 +158,11 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
                 f"SELECT claim.{quote(column_name(Conversation._meta.pk))}, added.{pk}, "
                 f"added.{seq}, c.call_id, c.name FROM claim, added, (VALUES"
             ),
-            call=(
-                f"(CAST(%s AS integer), CAST(%s AS {_values_type(call_id, connection)}), "
-                f"CAST(%s AS {_values_type(name, connection)}))"
-            ),
             joined=f") AS c (back, call_id, name) WHERE added.{seq} = {next_seq} - c.back)",
-            tail=f"SELECT claim.*, ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim",
+            tail=(
+                f"SELECT {', '.join(f'claim.{quote(column_name(f))}' for f in RETURNED)}, "
+                f"ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim"
+            ),
         )
     return statement
 
@@ -178,7 +181,7 @@ def _sql(connection: BaseDatabaseWrapper) -> str:
         quote, meta = connection.ops.quote_name, Conversation._meta
         moves = [f"{quote(name)} = {quote(name)} + %s" for name in (*BY_COUNT, "active_tokens")]
         moves += [f"{quote('revision')} = {quote('revision')} + 1", f"{quote('updated_at')} = %s"]
-        columns = ", ".join(quote(column_name(field)) for field in meta.concrete_fields)
+        columns = ", ".join(quote(column_name(field)) for field in RETURNED)
         sql = _SQL[connection.vendor] = (
             f"UPDATE {quote(meta.db_table)} SET {', '.join(moves)} "
             f"WHERE {quote(column_name(meta.pk))} = %s RETURNING {columns}"
@@ -187,30 +190,14 @@ def _sql(connection: BaseDatabaseWrapper) -> str:
 
 
 def _conversation(row: Any, db: str, connection: BaseDatabaseWrapper) -> Conversation:
-    """The returned columns as a Conversation, each value converted as a query would (UUIDs
-    and datetimes on SQLite, JSON everywhere)."""
-    values = list(row)
-    for index, column, converters in _converters(connection):
-        value = values[index]
-        if value is not None:
-            for convert in converters:
-                value = convert(value, column, connection)
-            values[index] = value
-    return Conversation.from_db(db, [], values)  # every field: the names are not needed
-
-
-def _converters(connection: BaseDatabaseWrapper) -> list[tuple[int, Any, list[Any]]]:
-    """For each returned column that needs them, the converters the backend and the field
-    apply, as a query's compiler finds them; kept per connection."""
+    """The returned columns as a Conversation, each value converted by the query compiler's
+    converters (UUIDs and datetimes on SQLite, JSON everywhere)."""
     found = _CONVERTERS.get(connection)
     if found is None:
-        found = []
+        compiler = Conversation.objects.all().query.get_compiler(connection=connection)
         table = Conversation._meta.db_table
-        for index, field in enumerate(Conversation._meta.concrete_fields):
-            column = field.get_col(table)
-            converters = connection.ops.get_db_converters(column)
-            converters += column.get_db_converters(connection)
-            if converters:
-                found.append((index, column, converters))
-        _CONVERTERS[connection] = found
-    return found
+        converters = compiler.get_converters([field.get_col(table) for field in RETURNED])
+        found = _CONVERTERS[connection] = (compiler, converters)
+    compiler, converters = found
+    (values,) = compiler.apply_converters([row], converters)
+    return Conversation.from_db(db, [], values)  # every field: the names are not needed

@@ -1,12 +1,12 @@
 """Appending messages: validated and counted outside the transaction, stored inside one that
 locks the conversation row to hand out gapless ``seq`` numbers and keep the counters exact.
 
-``message_append`` locks the row with the UPDATE that moves its counters
-(``append_claim``), then checks tool results and inserts the rows under that lock. Writers
-that hold the row already store through ``messages_insert``, which saves the counters after
-the rows: a chat turn's commit and a new system prompt, under the row lock they took for
-their own checks, and a new conversation's first messages, in the transaction that inserts
-the conversation."""
+``message_append`` locks the row with the UPDATE that moves its counters (``append_claim``),
+then checks tool results and inserts the rows under that lock; ``_append`` alone chooses
+that or, on PostgreSQL, the same as one statement. Writers that hold the row already store
+through ``messages_insert``, which saves the counters after the rows: a chat turn's commit
+and a new system prompt, under the row lock they took for their own checks, and a new
+conversation's first messages, in the transaction that inserts the conversation."""
 
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ from ctxsum.validation import (
 BATCH_EMPTY = _("Send at least one message.")
 BATCH_TYPE = _("Must be a list of messages.")
 BATCH_TOO_LARGE = _("A batch holds {count} messages; the limit is {limit}.")
+# A batch of cleaned messages.
+Batch = Sequence[Mapping[str, Any]]
+# What an append leaves: the conversation row, the rows stored, what follows (``_appended``).
+Stored = tuple[Conversation, list[Message], Schedule]
 # What an append changes on the conversation row (append_claim moves the same columns).
 COUNTER_FIELDS = (
     "next_seq",
@@ -81,7 +85,7 @@ def messages_clean(messages: Any) -> list[dict[str, Any]]:
     return cleaned
 
 
-def tool_results_check(conversation: Conversation, cleaned: Sequence[Mapping[str, Any]]) -> None:
+def tool_results_check(conversation: Conversation, cleaned: Batch) -> None:
     """Raise MessagesInvalid for a tool result that answers no earlier tool call of the
     conversation, a call whose request a summary has archived (the result would stand in the
     context without it, which model APIs reject), or a call that has its result already.
@@ -146,18 +150,14 @@ def _stored_requests(
     }
 
 
-def messages_count(conversation: Conversation, cleaned: Sequence[Mapping[str, Any]]) -> list[int]:
+def messages_count(conversation: Conversation, cleaned: Batch) -> list[int]:
     """Token counts of ``cleaned``, taken once, before any lock is held."""
     count = partial(tokens.count_message, model=conversation.model or None)
     return [count(message) for message in cleaned]
 
 
 def message_rows(
-    conversation: Conversation,
-    cleaned: Sequence[Mapping[str, Any]],
-    counts: Sequence[int],
-    *,
-    first_seq: int,
+    conversation: Conversation, cleaned: Batch, counts: Sequence[int], *, first_seq: int
 ) -> list[Message]:
     """Unsaved Message rows for ``cleaned``, numbered from ``first_seq``."""
     rows = []
@@ -182,7 +182,7 @@ def message_rows(
 
 def messages_insert(
     conversation: Conversation,
-    cleaned: Sequence[Mapping[str, Any]],
+    cleaned: Batch,
     counts: Sequence[int],
     *,
     leading: Mapping[str, Any] | None = None,
@@ -253,35 +253,47 @@ def message_append(
     cleaned = messages_clean(messages)
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
-    if idempotency is None and _in_one_statement(cleaned, db):
-        # Nothing to check under the row lock: no transaction of its own either.
-        rows = message_rows(conversation, cleaned, counts, first_seq=1)  # seqs: the claim's
-        locked = append_claim_insert(pk=conversation.pk, db=db, rows=rows, tokens=sum(counts))
-        schedule = _appended(locked, rows, db=db)
-    else:
-        with transaction.atomic(using=db):
-            # The counters move first, with the row lock; the checks run under it, and a
-            # refusal rolls the counters back with the rest of the transaction.
-            count, tokens = len(cleaned), sum(counts)
-            locked = append_claim(pk=conversation.pk, db=db, count=count, tokens=tokens)
-            key_applied(idempotency)
-            tool_results_check(locked, cleaned)
-            rows = message_rows(locked, cleaned, counts, first_seq=locked.next_seq - count)
-            _rows_insert(rows, db=db)
-            schedule = _appended(locked, rows, db=db)
+    locked, rows, schedule = _append(conversation, cleaned, counts, db=db, key=idempotency)
     conversation.update_from(locked)
     compaction = conversation_autocompact(conversation=conversation, schedule=schedule)
     return Appended(messages=rows, compaction=compaction)
 
 
-def _in_one_statement(cleaned: Sequence[Mapping[str, Any]], db: str) -> bool:
-    """Whether the append can be ``append_claim_insert``'s one statement: on PostgreSQL, with
-    no tool result to check under the row lock, and a first message that cannot be the
-    leading one (``is_leading`` is then false for every row, whatever seqs the claim gives
-    them)."""
-    if connections[db].vendor != "postgresql" or cleaned[0]["role"] in LEADING_ROLES:
-        return False
-    return not any(message["role"] == "tool" for message in cleaned)
+def _append(
+    conversation: Conversation, cleaned: Batch, counts: Sequence[int], *, db: str, key: Claim | None
+) -> Stored:
+    """Claim the conversation row and store ``cleaned``, all or none. The one place that
+    chooses the path: on PostgreSQL, an append with nothing to check under the row lock (no
+    tool result, no Idempotency-Key ``key`` to mark) whose first message cannot be the
+    leading one (so ``is_leading`` is false for every row, whatever seqs the claim gives
+    them) is one statement (``append_claim_insert``); any other, a transaction. Both store
+    the same rows."""
+    if (
+        key is None
+        and connections[db].vendor == "postgresql"
+        and cleaned[0]["role"] not in LEADING_ROLES
+        and not any(message["role"] == "tool" for message in cleaned)
+    ):
+        rows = message_rows(conversation, cleaned, counts, first_seq=1)  # seqs: the claim's
+        locked = append_claim_insert(pk=conversation.pk, db=db, rows=rows, tokens=sum(counts))
+        return locked, rows, _appended(locked, rows, db=db)
+    return _in_transaction(conversation, cleaned, counts, db=db, key=key)
+
+
+def _in_transaction(
+    conversation: Conversation, cleaned: Batch, counts: Sequence[int], *, db: str, key: Claim | None
+) -> Stored:
+    """The claim, then the checks under its row lock, then the INSERTs, in a transaction."""
+    with transaction.atomic(using=db):
+        # The counters move first, with the row lock; a refusal rolls them back with the
+        # rest of the transaction.
+        count = len(cleaned)
+        locked = append_claim(pk=conversation.pk, db=db, count=count, tokens=sum(counts))
+        key_applied(key)
+        tool_results_check(locked, cleaned)
+        rows = message_rows(locked, cleaned, counts, first_seq=locked.next_seq - count)
+        _rows_insert(rows, db=db)
+        return locked, rows, _appended(locked, rows, db=db)
 
 
 def _appended(locked: Conversation, rows: list[Message], *, db: str) -> Schedule:
