@@ -1,10 +1,10 @@
 """The OpenAPI description of the REST API, for drf-spectacular: what no serializer field says.
 
-Messages travel in OpenAI's chat format, which the service checks by hand
-(``ctxsum.validation``); the components here say the same in JSON Schema, built from that
-module's constants. Each ``RawSchema`` subclass is a component whose schema is written out
-(``build``) instead of derived from fields; serializers point at them with
-``extend_schema_field`` and views with ``extend_schema``. The extensions at the end describe
+Messages travel in OpenAI's chat format: the document holds ``ctxsum.message_schema``, the
+schema the service validates them with, each of its definitions a component. Each
+``RawSchema`` subclass is a component whose schema is written out (``build``) instead of
+derived from fields; serializers point at them with ``extend_schema_field`` and views with
+``extend_schema``. The extensions at the end describe
 the serializers whose answers are assembled by hand.
 
 Nothing here runs when a request is answered: it is read when a schema is generated, and it
@@ -15,30 +15,25 @@ spell null differently.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
-from drf_spectacular.plumbing import is_jsonschema_compliant
+from drf_spectacular.plumbing import ResolvedComponent, is_jsonschema_compliant
 from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 
+from ctxsum import message_schema
 from ctxsum.conf import ctxsum_settings
+from ctxsum.message_schema import closed, const, string
 from ctxsum.policy import UNITS, Reason
-from ctxsum.validation import (
-    AUDIO_FORMATS,
-    MAX_ID_LENGTH,
-    MAX_NAME_LENGTH,
-    PART_BODIES,
-    PART_TYPES,
-    ROLES,
-)
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
 
 Schema = dict[str, Any]
-# Names a component (a RawSchema or a plain serializer) and adds it to the document.
-Ref = Callable[[type[serializers.Serializer[Any]]], Schema]
+# Names a component (a RawSchema, a plain serializer, or one of the message schema's $defs
+# by its name) and adds it to the document.
+Ref = Callable[[type[serializers.Serializer[Any]] | str], Schema]
 
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
@@ -142,27 +137,6 @@ def _or_null(schema: Schema) -> Schema:
     return {"oneOf": [schema, _null()]}
 
 
-def _string(min_length: int = 0, max_length: int | None = None) -> Schema:
-    schema: Schema = {"type": "string"}
-    if min_length:
-        schema["minLength"] = min_length
-    if max_length is not None:
-        schema["maxLength"] = max_length
-    return schema
-
-
-def _const(value: str) -> Schema:
-    return {"type": "string", "enum": [value]}
-
-
-def _object(properties: Schema, required: Iterable[str] = (), **extra: Any) -> Schema:
-    """A closed object: keys other than ``properties`` are refused, as the API refuses them."""
-    schema: Schema = {"type": "object", "properties": properties, "additionalProperties": False}
-    if required:
-        schema["required"] = list(required)
-    return {**schema, **extra}
-
-
 def _positive_integer() -> Schema:
     return {"type": "integer", "minimum": 1}
 
@@ -179,221 +153,46 @@ class RawSchema(serializers.Serializer[Any]):
 # --------------------------------------------------------------------------- messages
 
 
-def _part(kind: str, body: Schema) -> Schema:
-    return _object({"type": _const(kind), kind: body}, required=("type", kind))
+def _exported(schema: Schema, ref: Ref) -> Schema:
+    """A schema of ``ctxsum.message_schema`` as the document holds it: each of its $defs a
+    component, and null spelled as the OpenAPI version spells it."""
+    if "$ref" in schema:
+        return _ref_to(schema["$ref"], ref)
+    exported: Schema = {}
+    for key, value in schema.items():
+        if key == "properties":
+            value = {name: _exported(item, ref) for name, item in value.items()}
+        elif key == "items":
+            value = _exported(value, ref)
+        elif key in ("oneOf", "anyOf"):
+            value = [_exported(item, ref) for item in value]
+        elif key == "discriminator":
+            mapping = {tag: _ref_to(to, ref)["$ref"] for tag, to in value["mapping"].items()}
+            value = {**value, "mapping": mapping}
+        if not key.startswith("$"):
+            exported[key] = value
+    if is_jsonschema_compliant():
+        return exported
+    if exported == message_schema.NULL:
+        return _null()
+    if isinstance(exported.get("type"), list):
+        (kind,) = [name for name in exported["type"] if name != "null"]
+        return {**exported, "type": kind, "nullable": True}
+    return exported
 
 
-class _StringPart(RawSchema):
-    kind: ClassVar[str]
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _part(cls.kind, _string())
-
-
-class TextPart(_StringPart):
-    kind = "text"
-
-
-class RefusalPart(_StringPart):
-    kind = "refusal"
-
-
-class ImageUrlPart(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        detail = _or_null({"type": "string", "enum": ["auto", "low", "high", None]})
-        body = {"url": _string(min_length=1), "detail": detail}
-        assert set(body) == set(PART_BODIES["image_url"])
-        return _part("image_url", _object(body, required=("url",)))
-
-
-class InputAudioPart(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        body = {"data": _string(min_length=1), "format": {"type": "string", "enum": AUDIO_FORMATS}}
-        return _part("input_audio", _object(body, required=("data", "format")))
-
-
-class FilePart(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        keys = PART_BODIES["file"]
-        # file_data or file_id, not blank; filename alone names nothing.
-        either = [
-            {"required": [key], "properties": {key: _string(min_length=1)}} for key in keys[:2]
-        ]
-        return _part("file", _object({key: _string() for key in keys}, anyOf=either))
-
-
-PARTS: dict[str, type[RawSchema]] = {
-    "text": TextPart,
-    "refusal": RefusalPart,
-    "image_url": ImageUrlPart,
-    "input_audio": InputAudioPart,
-    "file": FilePart,
-}
-
-
-class _Content(RawSchema):
-    """Text, or a non-empty list of the content parts ``role`` may send."""
-
-    role: ClassVar[str]
-    parts: ClassVar[str]
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        parts = [ref(PARTS[kind]) for kind in PART_TYPES[cls.role]]
-        items = parts[0] if len(parts) == 1 else {"oneOf": parts}
-        return {
-            "description": f"Text, or a non-empty list of {cls.parts}.",
-            "oneOf": [_string(), {"type": "array", "minItems": 1, "items": items}],
-        }
-
-
-class TextContent(_Content):
-    role, parts = "system", "text parts"
-
-
-class UserContent(_Content):
-    role, parts = "user", "text, image, audio and file parts"
-
-
-class AssistantContent(_Content):
-    role, parts = "assistant", "text and refusal parts"
-
-
-class ToolCall(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        function = _object(
-            {"name": _string(1, MAX_ID_LENGTH), "arguments": _string()},
-            required=("name", "arguments"),
-            description="`arguments` is the JSON text the model wrote, not parsed.",
-        )
-        return _object(
-            {"id": _string(1, MAX_ID_LENGTH), "type": _const("function"), "function": function},
-            required=("id", "type", "function"),
-            description="A call's id is unique within its message.",
-        )
-
-
-def _name() -> Schema:
-    return {**_string(1, MAX_NAME_LENGTH), "description": "The participant's name."}
-
-
-def _tool_call_id() -> Schema:
-    return {
-        **_string(1, MAX_ID_LENGTH),
-        "description": "The id of a tool call of an earlier assistant message of the "
-        "conversation that no summary has archived and no result answers yet.",
-    }
-
-
-def _tool_calls(ref: Ref) -> Schema:
-    return {"type": "array", "minItems": 1, "items": ref(ToolCall)}
-
-
-def _extras() -> Schema:
-    """The provider-reply fields an assistant message may carry, returned as given."""
-    return {
-        "refusal": _or_null(_string()),
-        "annotations": _or_null({"type": "array", "items": {}}),
-        "audio": _or_null({"type": "object"}),
-        "reasoning_content": _or_null(_string()),
-    }
-
-
-class _PlainMessage(RawSchema):
-    """A message of a role that neither calls tools nor carries a reply's extras."""
-
-    role: ClassVar[str]
-    content_schema: ClassVar[type[RawSchema]] = TextContent
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        # tool_calls and tool_call_id may be sent as null by any role (SDKs dump them so).
-        properties = {
-            "role": _const(cls.role),
-            "content": ref(cls.content_schema),
-            "name": _name(),
-            "tool_calls": _null(),
-            "tool_call_id": _null(),
-        }
-        return _object(properties, required=("role", "content"))
-
-
-class SystemMessage(_PlainMessage):
-    role = "system"
-
-
-class DeveloperMessage(_PlainMessage):
-    role = "developer"
-
-
-class UserMessage(_PlainMessage):
-    role, content_schema = "user", UserContent
-
-
-class ToolMessage(_PlainMessage):
-    role = "tool"
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        schema = super().build(ref)
-        schema["properties"]["tool_call_id"] = _tool_call_id()
-        schema["required"].append("tool_call_id")
-        return schema
-
-
-class AssistantMessage(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        properties = {
-            "role": _const("assistant"),
-            "content": _or_null(ref(AssistantContent)),
-            "name": _name(),
-            "tool_calls": _or_null(_tool_calls(ref)),
-            "tool_call_id": _null(),
-            **_extras(),
-        }
-        # content may be null or left out only when the reply called tools, refused or spoke.
-        reasons = {
-            "content": ref(AssistantContent),
-            "tool_calls": {"type": "array"},
-            "refusal": _string(min_length=1),
-            "audio": {"type": "object", "minProperties": 1},
-        }
-        either = [{"required": [key], "properties": {key: value}} for key, value in reasons.items()]
-        return _object(properties, required=("role",), anyOf=either)
-
-
-MESSAGES: dict[str, type[RawSchema]] = {
-    "system": SystemMessage,
-    "developer": DeveloperMessage,
-    "user": UserMessage,
-    "assistant": AssistantMessage,
-    "tool": ToolMessage,
-}
-assert tuple(MESSAGES) == ROLES
+def _ref_to(target: str, ref: Ref) -> Schema:
+    """The component a reference to one of the message schema's $defs names."""
+    return ref(target.removeprefix("#/$defs/"))
 
 
 class ChatMessage(RawSchema):
-    """An OpenAI chat completions message; its ``role`` says which fields it may have."""
+    """An OpenAI chat completions message: ``ctxsum.message_schema.MESSAGE``, whose ``role``
+    picks the schema of its role."""
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        variants = {role: ref(message) for role, message in MESSAGES.items()}
-        return {
-            "description": "A message as OpenAI's chat completions API takes it. Any other "
-            "field is refused, and so are a NUL character, an unpaired surrogate and a "
-            "number that is not finite anywhere in it.",
-            "oneOf": list(variants.values()),
-            "discriminator": {
-                "propertyName": "role",
-                "mapping": {role: variant["$ref"] for role, variant in variants.items()},
-            },
-        }
+        return _exported(message_schema.MESSAGE, ref)
 
 
 class MessageList(RawSchema):
@@ -414,20 +213,22 @@ class MessagesAppend(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        batch = _object({"messages": ref(MessageList)}, required=("messages",))
+        batch = closed({"messages": ref(MessageList)}, required=("messages",))
         return {"oneOf": [ref(ChatMessage), batch]}
 
 
 def openai_message_properties(ref: Ref) -> Schema:
     """The OpenAI fields of a stored message: whichever its role allows, as it was sent."""
-    contents = [ref(TextContent), ref(UserContent), ref(AssistantContent)]
+    fields = {
+        "name": message_schema.NAME,
+        "tool_calls": message_schema.TOOL_CALLS,
+        "tool_call_id": message_schema.ID,
+        **message_schema.EXTRAS,
+    }
     return {
-        "role": {"type": "string", "enum": list(ROLES)},
-        "content": _or_null({"anyOf": contents}),
-        "name": _name(),
-        "tool_calls": _tool_calls(ref),
-        "tool_call_id": _string(1, MAX_ID_LENGTH),
-        **_extras(),
+        "role": {"type": "string", "enum": list(message_schema.ROLES)},
+        "content": _or_null({"anyOf": [ref(name) for name in message_schema.CONTENTS]}),
+        **{key: _exported(schema, ref) for key, schema in fields.items()},
     }
 
 
@@ -436,13 +237,13 @@ class SystemPrompt(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        return _or_null(ref(TextContent))
+        return _or_null(ref("TextContent"))
 
 
 def _function_type() -> Schema:
     """``"function"``, the one tool type; wrapped so that drf-spectacular's enum hook leaves
     it alone (ToolCall's own ``type`` enum already has the name it would take)."""
-    return {"allOf": [_const("function")]}
+    return {"allOf": [const("function")]}
 
 
 class TurnMessage(RawSchema):
@@ -451,7 +252,7 @@ class TurnMessage(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        return {"oneOf": [ref(UserMessage), ref(ToolMessage), _null()]}
+        return {"oneOf": [ref("UserMessage"), ref("ToolMessage"), _null()]}
 
 
 class Tools(RawSchema):
@@ -459,16 +260,16 @@ class Tools(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        function = _object(
+        function = closed(
             {
                 "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                "description": _string(),
+                "description": string(),
                 "parameters": {"type": "object"},
                 "strict": _or_null({"type": "boolean"}),
             },
             required=("name",),
         )
-        tool = _object({"type": _function_type(), "function": function}, ("type", "function"))
+        tool = closed({"type": _function_type(), "function": function}, ("type", "function"))
         return _or_null({"type": "array", "minItems": 1, "maxItems": 128, "items": tool})
 
 
@@ -477,10 +278,10 @@ class ToolChoice(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        named = _object(
+        named = closed(
             {
                 "type": _function_type(),
-                "function": _object(
+                "function": closed(
                     {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}, ("name",)
                 ),
             },
@@ -516,7 +317,7 @@ class Trigger(RawSchema):
     def build(cls, ref: Ref) -> Schema:
         properties = {unit: _or_null(_positive_integer()) for unit in UNITS}
         either = [{"required": [unit], "properties": {unit: {"type": "integer"}}} for unit in UNITS]
-        return _object(properties, anyOf=either)
+        return closed(properties, anyOf=either)
 
 
 class Keep(RawSchema):
@@ -525,7 +326,7 @@ class Keep(RawSchema):
     @classmethod
     def build(cls, ref: Ref) -> Schema:
         one_of = [
-            _object(
+            closed(
                 {unit: _positive_integer(), **{other: _null() for other in UNITS if other != unit}},
                 required=(unit,),
             )
@@ -536,7 +337,7 @@ class Keep(RawSchema):
 
 def _policy(ref: Ref, *, effective: bool) -> Schema:
     trigger, keep = ref(Trigger), ref(Keep)
-    return _object(
+    return closed(
         {
             "trigger": trigger if effective else _or_null(trigger),
             "keep": keep if effective else _or_null(keep),
@@ -665,7 +466,7 @@ class FieldErrors(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        entry = {"anyOf": [_string(), ref(FieldErrors)]}
+        entry = {"anyOf": [string(), ref(FieldErrors)]}
         value = {"anyOf": [{"type": "array", "items": entry}, ref(FieldErrors)]}
         return {"type": "object", "additionalProperties": value}
 
@@ -676,7 +477,7 @@ class BadRequest(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        return {"anyOf": [ref(FieldErrors), ref(Error), {"type": "array", "items": _string()}]}
+        return {"anyOf": [ref(FieldErrors), ref(Error), {"type": "array", "items": string()}]}
 
 
 ERRORS = {
@@ -810,14 +611,26 @@ class RawSchemaExtension(OpenApiSerializerExtension):
 
 
 def _referrer(auto_schema: AutoSchema) -> Ref:
-    """``ref`` for builders: the component of a RawSchema, shared by requests and answers
-    (no ``Request`` suffix), registered on first use."""
+    """``ref`` for builders: the component of a RawSchema or of a definition of the message
+    schema, shared by requests and answers (no ``Request`` suffix), registered on first use."""
 
-    def ref(component: type[serializers.Serializer[Any]]) -> Schema:
+    def ref(component: type[serializers.Serializer[Any]] | str) -> Schema:
+        if isinstance(component, str):
+            return _definition(auto_schema, component)
         reference: Schema = auto_schema.resolve_serializer(component, "response").ref
         return reference
 
     return ref
+
+
+def _definition(auto_schema: AutoSchema, name: str) -> Schema:
+    """The component of ``message_schema.DEFINITIONS[name]``, registered on first use."""
+    component = ResolvedComponent(name, ResolvedComponent.SCHEMA, object=name)
+    if component not in auto_schema.registry:
+        auto_schema.registry.register(component)
+        component.schema = _exported(message_schema.DEFINITIONS[name], _referrer(auto_schema))
+    reference: Schema = component.ref
+    return reference
 
 
 class StrictSerializerExtension(OpenApiSerializerExtension):
