@@ -23,6 +23,7 @@ from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse, 
 from rest_framework import serializers
 
 from ctxsum import message_schema
+from ctxsum.api import paths
 from ctxsum.conf import ctxsum_settings
 from ctxsum.message_schema import closed, const, string
 from ctxsum.policy import UNITS, Reason
@@ -54,49 +55,20 @@ SERVER_SENT_EVENTS = OpenApiResponse(
     "after its first chunk (nothing is stored).",
 )
 
-# The path's id: drf-spectacular cannot tell its form from the URLconf's str converter.
-CONVERSATION_ID = OpenApiParameter(
-    "id",
-    str,
-    OpenApiParameter.PATH,
-    description="The conversation's id: a UUID in its canonical lower-case form.",
-    pattern="^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
-)
-# A message's seq in the path: decimal digits, no sign, no leading zero.
-MESSAGE_SEQ = OpenApiParameter(
-    "seq",
-    str,
-    OpenApiParameter.PATH,
-    description="The message's seq in its conversation: 0, 1, 2, … in decimal.",
-    pattern="^(0|[1-9][0-9]{0,9})$",
-)
 
-SUMMARY_VERSION = OpenApiParameter(
-    "version",
-    str,
-    OpenApiParameter.PATH,
-    description="The summary's version in its conversation: 1, 2, 3, … in decimal.",
-    pattern="^[1-9][0-9]{0,9}$",
-)
+def _path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter:
+    """A segment of the path (drf-spectacular cannot tell its form from its converter)."""
+    pattern = f"^{segment.canonical}$"
+    return OpenApiParameter(
+        name, str, OpenApiParameter.PATH, description=segment.description, pattern=pattern
+    )
 
-FACT_ID = OpenApiParameter(
-    "fact_id",
-    str,
-    OpenApiParameter.PATH,
-    description="The fact's id: 1, 2, 3, … in decimal.",
-    pattern="^[1-9][0-9]{0,18}$",
-)
-# A subject in the path, percent-encoded as any path segment; the rules the schema cannot
-# state (no whitespace at either end, not "." or "..") are in words.
-SUBJECT = OpenApiParameter(
-    "subject",
-    str,
-    OpenApiParameter.PATH,
-    description="The subject, percent-encoded: 1 to 200 characters, with no slash, no "
-    "control character and no whitespace at either end, and not `.` or `..`. A name no "
-    "subject can have answers 404.",
-    pattern="^[^/\\u0000-\\u001f\\u007f-\\u009f]{1,200}$",
-)
+
+CONVERSATION_ID = _path_parameter("id", paths.ConversationId)
+MESSAGE_SEQ = _path_parameter("seq", paths.Seq)
+SUMMARY_VERSION = _path_parameter("version", paths.Version)
+FACT_ID = _path_parameter("fact_id", paths.FactId)
+SUBJECT = _path_parameter("subject", paths.Subject)
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
