@@ -60,26 +60,29 @@ NUL_CHARACTER = _("Must not contain the NUL character (\\u0000).")
 UNPAIRED_SURROGATE = _("Must not contain an unpaired surrogate (\\ud800 to \\udfff).")
 NOT_FINITE = _("Must not contain a number that is not finite.")
 
-# The error of a field that the message's role must not send (the schema gives it as null
-# only, or not at all).
-ROLE_ERRORS = {
-    "tool_calls": TOOL_CALLS_ROLE,
-    "tool_call_id": TOOL_CALL_ID_ROLE,
-    **dict.fromkeys(EXTRA_FIELDS, EXTRA_ROLE),
-}
 STRING_OR_NULL = _("Must be a string or null.")
 STRING_PART = _("needs a string '{kind}'")
 # How a failure is worded: by where it is (its path, with * for an index, else with * for
-# its last step) and the keyword that failed ("" for any other).
+# its last step) and the keyword that failed ("" for any other; "role" for a field the role
+# must not send, which its schema gives as null only or not at all).
 WORDING: dict[str, dict[str, Any]] = {
-    "content": {"required": REQUIRED, "minItems": CONTENT_EMPTY_LIST, "": CONTENT_TYPE},
+    "content": {
+        "required": REQUIRED,
+        "null": CONTENT_NULL,
+        "minItems": CONTENT_EMPTY_LIST,
+        "": CONTENT_TYPE,
+    },
     "name": {"": BAD_NAME},
-    "tool_calls": {"": TOOL_CALLS_TYPE},
-    "tool_call_id": {"required": TOOL_CALL_ID_REQUIRED, "": TOOL_CALL_ID_TYPE},
-    "refusal": {"": STRING_OR_NULL},
-    "reasoning_content": {"": STRING_OR_NULL},
-    "annotations": {"": _("Must be a list or null.")},
-    "audio": {"": _("Must be an object or null.")},
+    "tool_calls": {"role": TOOL_CALLS_ROLE, "": TOOL_CALLS_TYPE},
+    "tool_call_id": {
+        "role": TOOL_CALL_ID_ROLE,
+        "required": TOOL_CALL_ID_REQUIRED,
+        "": TOOL_CALL_ID_TYPE,
+    },
+    "refusal": {"role": EXTRA_ROLE, "": STRING_OR_NULL},
+    "reasoning_content": {"role": EXTRA_ROLE, "": STRING_OR_NULL},
+    "annotations": {"role": EXTRA_ROLE, "": _("Must be a list or null.")},
+    "audio": {"role": EXTRA_ROLE, "": _("Must be an object or null.")},
     # A content part's, after "Part {index}: ".
     "content.*": {"type": _("must be an object"), "": _("unknown key(s) {names}")},
     "content.*.type": {"": _("type must be one of: {names}")},
@@ -313,15 +316,6 @@ def _call_errors(failures: list[Failure]) -> list[str]:
     ]
 
 
-def _field_error(field: str, failure: Failure, value: Any, role_schema: Schema) -> str:
-    """The error of a message's own field."""
-    if role_schema["properties"].get(field, NULL) == NULL:
-        return str(ROLE_ERRORS[field])
-    if field == "content" and failure.keyword == "type" and value is None:
-        return str(CONTENT_NULL)
-    return _worded(failure)
-
-
 def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
     """Every error of a message, by field, in the order of FIELDS (unknown ones first)."""
     unknown = [field_name(field) for field in sorted(set(message) - set(FIELDS))]
@@ -330,21 +324,26 @@ def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
     failures = list(schema_failures(MESSAGE, message))
     if failures and failures[0].path == ("role",):
         return {**errors, "role": [str(REQUIRED if role is None else BAD_ROLE)]}
-    role_schema = _resolve({"$ref": MESSAGE["discriminator"]["mapping"][role]})
+    allowed = _resolve({"$ref": MESSAGE["discriminator"]["mapping"][role]})["properties"]
     nested: dict[str, list[Failure]] = {}
     for failure in failures:
-        if failure.path:
-            field = str(failure.path[0])
-            if len(failure.path) > 1:
-                nested.setdefault(field, []).append(failure)
-            else:
-                errors[field] = [_field_error(field, failure, message.get(field), role_schema)]
-        elif failure.keyword == "additionalProperties":
-            errors |= {key: [str(ROLE_ERRORS[key])] for key in failure.found if key in FIELDS}
+        field, keyword = str(failure.path[0]) if failure.path else "", failure.keyword
+        if len(failure.path) > 1:
+            nested.setdefault(field, []).append(failure)
+        elif field:
+            if allowed[field] == NULL:
+                keyword = "role"
+            elif keyword == "type" and message[field] is None:
+                keyword = "null"
+            errors[field] = [_worded(Failure(failure.path, keyword))]
+        elif keyword == "additionalProperties":
+            extras = [key for key in failure.found if key in FIELDS]
+            errors |= {key: [_worded(Failure((key,), "role"))] for key in extras}
         elif not any(message.get(key) for key in failure.found):
             # A reply with none of content, tool_calls, refusal or audio (a field sent with
             # a value of the wrong type has its own error).
-            errors.setdefault("content", [str(CONTENT_NULL if "content" in message else REQUIRED)])
+            missing = "null" if "content" in message else "required"
+            errors.setdefault("content", [_worded(Failure(("content",), missing))])
     if "tool_calls" not in errors and isinstance(calls := message.get("tool_calls"), list):
         inner = nested.get("tool_calls", [])
         nested["tool_calls"] = [*inner, *_repeated_ids(calls, inner)]

@@ -138,33 +138,23 @@ class CtxsumView(GenericAPIView[Any]):
             raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
 
 
-def _from_path(parse: Callable[[str], T | None], value: str, missing: Any) -> T:
-    """What ``value``, a segment of the path, names; anything else is a 404 with
-    ``missing``, like a missing row, before any query."""
-    parsed = parse(value)
-    if parsed is None:
-        raise exceptions.NotFound(missing)
-    return parsed
+def _from_path(parse: Callable[[str], T | None], missing: Any) -> Callable[[str], T]:
+    """A reader of a path segment: what the segment names, else a 404 with ``missing``,
+    like a missing row, before any query."""
+
+    def read(value: str) -> T:
+        parsed = parse(value)
+        if parsed is None:
+            raise exceptions.NotFound(missing)
+        return parsed
+
+    return read
 
 
-def seq_from_path(value: str) -> int:
-    """A message's seq from the path."""
-    return _from_path(paths.Seq.parse, value, MESSAGE_NOT_FOUND)
-
-
-def version_from_path(value: str) -> int:
-    """A summary version from the path."""
-    return _from_path(paths.Version.parse, value, SUMMARY_NOT_FOUND)
-
-
-def fact_id_from_path(value: str) -> int:
-    """A fact's id from the path."""
-    return _from_path(paths.FactId.parse, value, FACT_NOT_FOUND)
-
-
-def subject_from_path(value: str) -> str:
-    """A subject from the path (decoded from its percent-encoding)."""
-    return _from_path(paths.Subject.parse, value, SUBJECT_NOT_FOUND)
+seq_from_path = _from_path(paths.Seq.parse, MESSAGE_NOT_FOUND)
+version_from_path = _from_path(paths.Version.parse, SUMMARY_NOT_FOUND)
+fact_id_from_path = _from_path(paths.FactId.parse, FACT_NOT_FOUND)
+subject_from_path = _from_path(paths.Subject.parse, SUBJECT_NOT_FOUND)
 
 
 def no_fields(request: Request) -> None:

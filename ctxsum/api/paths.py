@@ -1,10 +1,8 @@
-"""The segments of the API's paths: a converter for each (``ctxsum.api.urls`` registers
-them), holding the canonical form of what it names, which the views read (``parse``) and
-the OpenAPI document states (``canonical``, ``description``).
-
-A converter matches any segment, as Django's ``str`` does: a malformed one reaches its view,
-which answers it as the row it cannot name (a JSON 404 saying what is missing), after
-authentication, and never as an unknown URL.
+"""The segments of the API's paths: a converter each (``ctxsum.api.urls`` registers them),
+holding the canonical form of what it names, which the views read (``parse``) and the
+OpenAPI document states. A converter matches any segment, as ``str`` does: a malformed one
+reaches its view, which answers it as the row it cannot name (a JSON 404 saying what is
+missing), after authentication, never as an unknown URL.
 """
 
 from __future__ import annotations
@@ -42,8 +40,7 @@ class ConversationId(Segment):
 
 
 class Number(Segment):
-    """A number as its column holds it, in decimal: ASCII digits, no sign, no leading
-    zero, at most ``limit``."""
+    """A number its column holds, in decimal: ASCII digits, no sign, no leading zero."""
 
     limit: ClassVar[int]
 
@@ -69,8 +66,9 @@ class FactId(Number):
 
 
 class Subject(Segment):
-    # Decoded from its percent-encoding. What a pattern cannot state (no whitespace at either
-    # end, not "." or "..") is in words, and in services.facts.subject_problem.
+    """Decoded from its percent-encoding; what the pattern cannot state is in words (and in
+    ``services.facts.subject_problem``)."""
+
     canonical = "[^/\\u0000-\\u001f\\u007f-\\u009f]{1,200}"
     description = (
         "The subject, percent-encoded: 1 to 200 characters, with no slash, no control "

@@ -15,7 +15,7 @@ spell null differently.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import ResolvedComponent, is_jsonschema_compliant
@@ -25,7 +25,7 @@ from rest_framework import serializers
 from ctxsum import message_schema
 from ctxsum.api import paths
 from ctxsum.conf import ctxsum_settings
-from ctxsum.message_schema import closed, const, string
+from ctxsum.message_schema import NULL, closed, const, nullable, string
 from ctxsum.policy import UNITS, Reason
 
 if TYPE_CHECKING:
@@ -88,69 +88,62 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 # --------------------------------------------------------------------------- helpers
 
 
-def _null() -> Schema:
-    """A schema that only null matches."""
-    if is_jsonschema_compliant():
-        return {"type": "null"}
-    # OpenAPI 3.0 has no null type; an enum of null is the nearest it comes. Wrapped, so
-    # drf-spectacular's enum hook does not take it for a choice set (and drop the null).
-    return {"allOf": [{"enum": [None]}]}
-
-
 def _or_null(schema: Schema) -> Schema:
-    """``schema``, or null."""
+    """``schema``, or null (spelled as JSON Schema does: see ``_spelled``)."""
     if "type" in schema:
-        if is_jsonschema_compliant():
-            return {**schema, "type": [schema["type"], "null"]}
-        return {**schema, "nullable": True}
+        return nullable(schema)
     if "oneOf" in schema or "anyOf" in schema:
         key = "oneOf" if "oneOf" in schema else "anyOf"
-        return {**schema, key: [*schema[key], _null()]}
-    return {"oneOf": [schema, _null()]}
+        return {**schema, key: [*schema[key], NULL]}
+    return {"oneOf": [schema, NULL]}
 
 
-def _positive_integer() -> Schema:
-    return {"type": "integer", "minimum": 1}
+POSITIVE_INTEGER = {"type": "integer", "minimum": 1}
 
 
 class RawSchema(serializers.Serializer[Any]):
-    """A component whose JSON Schema is written out in ``build``; ``ref`` names another one
-    (and adds it to the document). Never used to validate anything."""
+    """A component whose JSON Schema is written out: its ``schema``, or what ``build``
+    writes (``ref`` names another component and adds it to the document), as JSON Schema
+    spells it (see ``_spelled``). Never used to validate anything."""
+
+    schema: ClassVar[Schema]
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        raise NotImplementedError
+        return cls.schema
 
 
 # --------------------------------------------------------------------------- messages
 
 
-def _exported(schema: Schema, ref: Ref) -> Schema:
-    """A schema of ``ctxsum.message_schema`` as the document holds it: each of its $defs a
-    component, and null spelled as the OpenAPI version spells it."""
-    if "$ref" in schema:
+def _spelled(schema: Schema, ref: Ref) -> Schema:
+    """A schema written as JSON Schema (draft 2020-12) spells it, as the document holds it:
+    each of the message schema's $defs a component, and null as the OpenAPI version spells
+    it (3.0 has no null type: ``nullable``, or an enum of null wrapped so that
+    drf-spectacular's enum hook does not take it for a choice set and drop the null)."""
+    if schema.get("$ref", "").startswith("#/$defs/"):
         return _ref_to(schema["$ref"], ref)
-    exported: Schema = {}
+    spelled: Schema = {}
     for key, value in schema.items():
         if key == "properties":
-            value = {name: _exported(item, ref) for name, item in value.items()}
+            value = {name: _spelled(item, ref) for name, item in value.items()}
         elif key == "items":
-            value = _exported(value, ref)
-        elif key in ("oneOf", "anyOf"):
-            value = [_exported(item, ref) for item in value]
+            value = _spelled(value, ref)
+        elif key in ("oneOf", "anyOf", "allOf"):
+            value = [_spelled(item, ref) for item in value]
         elif key == "discriminator":
             mapping = {tag: _ref_to(to, ref)["$ref"] for tag, to in value["mapping"].items()}
             value = {**value, "mapping": mapping}
-        if not key.startswith("$"):
-            exported[key] = value
+        if not key.startswith("$") or key == "$ref":
+            spelled[key] = value
     if is_jsonschema_compliant():
-        return exported
-    if exported == message_schema.NULL:
-        return _null()
-    if isinstance(exported.get("type"), list):
-        (kind,) = [name for name in exported["type"] if name != "null"]
-        return {**exported, "type": kind, "nullable": True}
-    return exported
+        return spelled
+    if spelled == NULL:
+        return {"allOf": [{"enum": [None]}]}
+    if isinstance(spelled.get("type"), list):
+        (kind,) = [name for name in spelled["type"] if name != "null"]
+        return {**spelled, "type": kind, "nullable": True}
+    return spelled
 
 
 def _ref_to(target: str, ref: Ref) -> Schema:
@@ -162,9 +155,7 @@ class ChatMessage(RawSchema):
     """An OpenAI chat completions message: ``ctxsum.message_schema.MESSAGE``, whose ``role``
     picks the schema of its role."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _exported(message_schema.MESSAGE, ref)
+    schema = message_schema.MESSAGE
 
 
 class MessageList(RawSchema):
@@ -191,92 +182,74 @@ class MessagesAppend(RawSchema):
 
 def openai_message_properties(ref: Ref) -> Schema:
     """The OpenAI fields of a stored message: whichever its role allows, as it was sent."""
-    fields = {
+    contents = [message_schema.ref(name) for name in message_schema.CONTENTS]
+    properties = {
+        "role": {"type": "string", "enum": list(message_schema.ROLES)},
+        "content": _or_null({"anyOf": contents}),
         "name": message_schema.NAME,
         "tool_calls": message_schema.TOOL_CALLS,
         "tool_call_id": message_schema.ID,
         **message_schema.EXTRAS,
     }
-    return {
-        "role": {"type": "string", "enum": list(message_schema.ROLES)},
-        "content": _or_null({"anyOf": [ref(name) for name in message_schema.CONTENTS]}),
-        **{key: _exported(schema, ref) for key, schema in fields.items()},
-    }
+    spelled: Schema = _spelled({"properties": properties}, ref)["properties"]
+    return spelled
 
 
 class SystemPrompt(RawSchema):
     """The leading system (or developer) message's content; null when there is none."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _or_null(ref("TextContent"))
+    schema = _or_null(message_schema.ref("TextContent"))
 
 
-def _function_type() -> Schema:
-    """``"function"``, the one tool type; wrapped so that drf-spectacular's enum hook leaves
-    it alone (ToolCall's own ``type`` enum already has the name it would take)."""
-    return {"allOf": [const("function")]}
+# "function", the one tool type; wrapped so that drf-spectacular's enum hook leaves it alone
+# (ToolCall's own type enum already has the name it would take).
+FUNCTION_TYPE = {"allOf": [const("function")]}
+FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 
 
 class TurnMessage(RawSchema):
     """A chat turn's new message: a user message or a tool result; null continues after
     results appended through the messages endpoint."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return {"oneOf": [ref("UserMessage"), ref("ToolMessage"), _null()]}
+    schema = {"oneOf": [message_schema.ref("UserMessage"), message_schema.ref("ToolMessage"), NULL]}
 
 
 class Tools(RawSchema):
     """The tools the model may call, as OpenAI's chat completions API takes them."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        function = closed(
-            {
-                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                "description": string(),
-                "parameters": {"type": "object"},
-                "strict": _or_null({"type": "boolean"}),
-            },
-            required=("name",),
-        )
-        tool = closed({"type": _function_type(), "function": function}, ("type", "function"))
-        return _or_null({"type": "array", "minItems": 1, "maxItems": 128, "items": tool})
+    _function = closed(
+        {
+            "name": FUNCTION_NAME,
+            "description": string(),
+            "parameters": {"type": "object"},
+            "strict": _or_null({"type": "boolean"}),
+        },
+        required=("name",),
+    )
+    _tool = closed({"type": FUNCTION_TYPE, "function": _function}, ("type", "function"))
+    schema = _or_null({"type": "array", "minItems": 1, "maxItems": 128, "items": _tool})
 
 
 class ToolChoice(RawSchema):
     """Whether and which tool the model must call."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        named = closed(
-            {
-                "type": _function_type(),
-                "function": closed(
-                    {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}, ("name",)
-                ),
-            },
-            required=("type", "function"),
-        )
-        choices = {"type": "string", "enum": ["none", "auto", "required"]}
-        return {"oneOf": [choices, named, _null()]}
+    _named = closed(
+        {"type": FUNCTION_TYPE, "function": closed({"name": FUNCTION_NAME}, ("name",))},
+        required=("type", "function"),
+    )
+    schema = {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _named, NULL]}
 
 
 class Temperature(RawSchema):
     """Sampling temperature, passed on to the model."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _or_null({"type": "number", "minimum": 0, "maximum": 2})
+    schema = _or_null({"type": "number", "minimum": 0, "maximum": 2})
 
 
 class MaxCompletionTokens(RawSchema):
     """The reply's token cap, passed on to the model."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _or_null({"type": "integer", "minimum": 1, "maximum": 2**31 - 1})
+    schema = _or_null({"type": "integer", "minimum": 1, "maximum": 2**31 - 1})
 
 
 # --------------------------------------------------------------------------- policy
@@ -285,26 +258,24 @@ class MaxCompletionTokens(RawSchema):
 class Trigger(RawSchema):
     """When to compact; with both keys set, both thresholds must be reached."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        properties = {unit: _or_null(_positive_integer()) for unit in UNITS}
-        either = [{"required": [unit], "properties": {unit: {"type": "integer"}}} for unit in UNITS]
-        return closed(properties, anyOf=either)
+    schema = closed(
+        {unit: _or_null(POSITIVE_INTEGER) for unit in UNITS},
+        anyOf=[{"required": [unit], "properties": {unit: {"type": "integer"}}} for unit in UNITS],
+    )
 
 
 class Keep(RawSchema):
     """How much recent history stays verbatim: exactly one of ``messages`` or ``tokens``."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        one_of = [
+    schema = {
+        "oneOf": [
             closed(
-                {unit: _positive_integer(), **{other: _null() for other in UNITS if other != unit}},
-                required=(unit,),
+                {unit: POSITIVE_INTEGER, **{other: NULL for other in UNITS if other != unit}},
+                (unit,),
             )
             for unit in UNITS
         ]
-        return {"oneOf": one_of}
+    }
 
 
 def _policy(ref: Ref, *, effective: bool) -> Schema:
@@ -313,7 +284,7 @@ def _policy(ref: Ref, *, effective: bool) -> Schema:
         {
             "trigger": trigger if effective else _or_null(trigger),
             "keep": keep if effective else _or_null(keep),
-            "max_context_tokens": _or_null(_positive_integer()),
+            "max_context_tokens": _or_null(POSITIVE_INTEGER),
         },
         required=("trigger", "keep", "max_context_tokens"),
     )
@@ -564,8 +535,13 @@ def page(schema: Schema) -> Schema:
     version, and every key required: each is in every answer."""
     properties = dict(schema["properties"])
     for link in ("next", "previous"):
-        properties[link] = _or_null({k: v for k, v in properties[link].items() if k != "nullable"})
+        link_schema = {k: v for k, v in properties[link].items() if k != "nullable"}
+        properties[link] = _spelled(_or_null(link_schema), _no_definitions)
     return {**schema, "properties": properties, "required": list(properties)}
+
+
+def _no_definitions(component: Any) -> Schema:
+    raise AssertionError(component)
 
 
 # --------------------------------------------------------------------------- extensions
@@ -579,7 +555,8 @@ class RawSchemaExtension(OpenApiSerializerExtension):
 
     def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
         raw: type[RawSchema] = type(self.target)
-        return raw.build(_referrer(auto_schema))
+        ref = _referrer(auto_schema)
+        return _spelled(raw.build(ref), ref)
 
 
 def _referrer(auto_schema: AutoSchema) -> Ref:
@@ -600,7 +577,7 @@ def _definition(auto_schema: AutoSchema, name: str) -> Schema:
     component = ResolvedComponent(name, ResolvedComponent.SCHEMA, object=name)
     if component not in auto_schema.registry:
         auto_schema.registry.register(component)
-        component.schema = _exported(message_schema.DEFINITIONS[name], _referrer(auto_schema))
+        component.schema = _spelled(message_schema.DEFINITIONS[name], _referrer(auto_schema))
     reference: Schema = component.ref
     return reference
 
@@ -634,17 +611,19 @@ class MessageOutputExtension(OpenApiSerializerExtension):
         }
 
 
-class _LeftOutWhenNone(OpenApiSerializerExtension):
-    """An answer that leaves a key out rather than send it as null."""
+class LeftOutWhenNoneExtension(OpenApiSerializerExtension):
+    """An answer that leaves keys out rather than send them as null (``left_out``)."""
 
-    left_out: tuple[str, ...] = ()
+    target_class = "ctxsum.api.serializers.LeftOutWhenNone"
+    match_subclasses = True
 
     def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
         schema: Schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        left_out = self.target.left_out
         properties = dict(schema["properties"])
-        for key in self.left_out:
+        for key in left_out:
             properties[key] = _not_null(properties[key])
-        required = [key for key in schema.get("required", []) if key not in self.left_out]
+        required = [key for key in schema.get("required", []) if key not in left_out]
         return {**schema, "properties": properties, "required": required}
 
 
@@ -656,13 +635,3 @@ def _not_null(schema: Schema) -> Schema:
         if len(references) == 1:
             return dict(references[0])
     return schema
-
-
-class AppendOutputExtension(_LeftOutWhenNone):
-    target_class = "ctxsum.api.serializers.AppendOutputSerializer"
-    left_out = ("compaction",)
-
-
-class CompactionOutputExtension(_LeftOutWhenNone):
-    target_class = "ctxsum.api.serializers.CompactionOutputSerializer"
-    left_out = ("plan",)

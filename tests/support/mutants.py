@@ -234,9 +234,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "tool-calls-on-tool-messages",
         MESSAGE_SCHEMA,
-        '_TOOL = _message("tool", ref("TextContent"), tool_call_id=ANSWERED_CALL)',
-        '_TOOL = _message(\n    "tool", ref("TextContent"), tool_call_id=ANSWERED_CALL, '
-        "tool_calls=nullable(TOOL_CALLS)\n)",
+        '("role", "content", "tool_call_id"), tool_call_id=ANSWERED_CALL',
+        '("role", "content", "tool_call_id"), tool_call_id=ANSWERED_CALL, '
+        "tool_calls=nullable(TOOL_CALLS)",
         VALIDATION_TESTS,
     ),
     Mutant(
