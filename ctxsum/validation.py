@@ -1,35 +1,30 @@
-"""What a model API would reject is rejected here: OpenAI chat messages checked field by
-field, with errors that name the field. Pure: no ORM, no I/O."""
+"""What a model API would reject is rejected here: OpenAI chat messages checked against
+``ctxsum.message_schema`` (the one description of a message), with errors that name the
+field. Pure: no ORM, no I/O.
+
+``schema_failures`` walks the schema as JSON Schema reads it, for the keywords it uses, and
+says where a value fails and which keyword failed; the rest of this module words each
+failure as the API answers it: one error per field, each content part's first, and every
+error of each tool call.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
 from django.utils.text import format_lazy
-from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.exceptions import MessagesInvalid, TooLarge
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
-# Provider-reply extras that travel with an assistant message and are returned as given.
-EXTRA_FIELDS = ("refusal", "annotations", "audio", "reasoning_content")
-FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", *EXTRA_FIELDS)
-# Which content parts each role may carry, as the chat completions API accepts them.
-PART_TYPES = {
-    "system": ("text",),
-    "developer": ("text",),
-    "user": ("text", "image_url", "input_audio", "file"),
-    "assistant": ("text", "refusal"),
-    "tool": ("text",),
-}
-AUDIO_FORMATS = ("wav", "mp3")
-MAX_ID_LENGTH = 255
-MAX_NAME_LENGTH = 100
+from ctxsum.message_schema import DEFINITIONS, FIELDS, MESSAGE, NULL, Schema
+from ctxsum.message_schema import EXTRA_FIELDS as EXTRA_FIELDS
+from ctxsum.message_schema import MAX_ID_LENGTH as MAX_ID_LENGTH
+from ctxsum.message_schema import MAX_NAME_LENGTH as MAX_NAME_LENGTH
 
 NOT_AN_OBJECT = _("Expected a JSON object.")
 NOT_A_STRING = _("Must be a string.")
@@ -60,17 +55,63 @@ TOOL_CALL_ID_ARCHIVED = _(
 )
 TOOL_CALL_ID_ANSWERED = _("The tool call with id {id!r} has its result already.")
 EXTRA_ROLE = _("Only assistant messages can have this field.")
-# The JSON type each extra must have when it is not null.
-EXTRA_TYPES: dict[str, tuple[type, Any]] = {
-    "refusal": (str, _("Must be a string or null.")),
-    "reasoning_content": (str, _("Must be a string or null.")),
-    "annotations": (list, _("Must be a list or null.")),
-    "audio": (Mapping, _("Must be an object or null.")),
-}
 MESSAGE_TOO_LARGE = _("A message is {size} bytes; the limit is {limit} bytes.")
 NUL_CHARACTER = _("Must not contain the NUL character (\\u0000).")
 UNPAIRED_SURROGATE = _("Must not contain an unpaired surrogate (\\ud800 to \\udfff).")
 NOT_FINITE = _("Must not contain a number that is not finite.")
+
+STRING_OR_NULL = _("Must be a string or null.")
+STRING_PART = _("needs a string '{kind}'")
+# How a failure is worded: by where it is (its path, with * for an index, else with * for
+# its last step) and the keyword that failed ("" for any other; "role" for a field the role
+# must not send, which its schema gives as null only or not at all).
+WORDING: dict[str, dict[str, Any]] = {
+    "content": {
+        "required": REQUIRED,
+        "null": CONTENT_NULL,
+        "minItems": CONTENT_EMPTY_LIST,
+        "": CONTENT_TYPE,
+    },
+    "name": {"": BAD_NAME},
+    "tool_calls": {"role": TOOL_CALLS_ROLE, "": TOOL_CALLS_TYPE},
+    "tool_call_id": {
+        "role": TOOL_CALL_ID_ROLE,
+        "required": TOOL_CALL_ID_REQUIRED,
+        "": TOOL_CALL_ID_TYPE,
+    },
+    "refusal": {"role": EXTRA_ROLE, "": STRING_OR_NULL},
+    "reasoning_content": {"role": EXTRA_ROLE, "": STRING_OR_NULL},
+    "annotations": {"role": EXTRA_ROLE, "": _("Must be a list or null.")},
+    "audio": {"role": EXTRA_ROLE, "": _("Must be an object or null.")},
+    # A content part's, after "Part {index}: ".
+    "content.*": {"type": _("must be an object"), "": _("unknown key(s) {names}")},
+    "content.*.type": {"": _("type must be one of: {names}")},
+    "content.*.text": {"": STRING_PART},
+    "content.*.refusal": {"": STRING_PART},
+    "content.*.*": {
+        "additionalProperties": _("{kind} has unknown key(s) {names}"),
+        "anyOf": _("needs file.file_data or file.file_id"),
+        "": _("{kind} must be an object"),
+    },
+    "content.*.image_url.url": {"": _("needs image_url.url")},
+    "content.*.image_url.detail": {"": _("image_url.detail must be auto, low or high")},
+    "content.*.input_audio.data": {"": _("needs input_audio.data")},
+    "content.*.input_audio.format": {"": _("input_audio.format must be wav or mp3")},
+    "content.*.file.*": {"": _("file.{key} must be a string")},
+    # A tool call's, after "Call {index}: ".
+    "tool_calls.*": {"type": _("must be an object."), "": _("unknown field(s) {names}.")},
+    "tool_calls.*.id": {
+        "unique": _("id {id!r} is repeated within this message."),
+        "": _("id {problem}"),
+    },
+    "tool_calls.*.type": {"": _("type must be 'function'.")},
+    "tool_calls.*.function": {
+        "additionalProperties": _("function has unknown field(s) {names}."),
+        "": _("function must be an object with name and arguments."),
+    },
+    "tool_calls.*.function.name": {"": _("function.name must be a non-empty string.")},
+    "tool_calls.*.function.arguments": {"": _("function.arguments must be a string.")},
+}
 
 
 class _Unset(Enum):
@@ -119,167 +160,198 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def _is_text(value: Any, max_length: int | None = None) -> TypeGuard[str]:
-    if not isinstance(value, str) or not value:
-        return False
-    return max_length is None or len(value) <= max_length
+# --------------------------------------------------------------------------- the schema
 
-
-def _image_error(body: Mapping[str, Any]) -> str | None:
-    if not _is_text(body.get("url")):
-        return gettext("needs image_url.url")
-    if body.get("detail") not in (None, "auto", "low", "high"):
-        return gettext("image_url.detail must be auto, low or high")
-    return None
-
-
-def _audio_error(body: Mapping[str, Any]) -> str | None:
-    if not _is_text(body.get("data")):
-        return gettext("needs input_audio.data")
-    if body.get("format") not in AUDIO_FORMATS:
-        return gettext("input_audio.format must be wav or mp3")
-    return None
-
-
-def _file_error(body: Mapping[str, Any]) -> str | None:
-    if not (_is_text(body.get("file_data")) or _is_text(body.get("file_id"))):
-        return gettext("needs file.file_data or file.file_id")
-    wrong = [key for key in PART_BODIES["file"] if key in body and not isinstance(body[key], str)]
-    if wrong:
-        return gettext("file.{key} must be a string").format(key=wrong[0])
-    return None
-
-
-# The keys each non-text part's object may have (OpenAI's shapes), and its check.
-PART_BODIES = {
-    "image_url": ("url", "detail"),
-    "input_audio": ("data", "format"),
-    "file": ("file_data", "file_id", "filename"),
+Path = tuple[str | int, ...]
+JSON_TYPES: dict[str, Any] = {
+    "string": lambda value: isinstance(value, str),
+    "array": lambda value: isinstance(value, list),
+    "object": lambda value: isinstance(value, Mapping),
+    "null": lambda value: value is None,
 }
-_BODY_ERRORS = {"image_url": _image_error, "input_audio": _audio_error, "file": _file_error}
+# Each keyword's test, for the type of value it applies to.
+LIMITS: dict[str, tuple[type, Any]] = {
+    "minLength": (str, lambda value, limit: len(value) >= limit),
+    "maxLength": (str, lambda value, limit: len(value) <= limit),
+    "minItems": (list, lambda value, limit: len(value) >= limit),
+    "minProperties": (Mapping, lambda value, limit: len(value) >= limit),
+}
 
 
-def _part_error(part: Any, allowed: tuple[str, ...]) -> str | None:
-    if not isinstance(part, Mapping):
-        return gettext("must be an object")
-    kind = part.get("type")
-    if kind not in allowed:
-        return gettext("type must be one of: {types}").format(types=", ".join(allowed))
-    if unknown := sorted(set(part) - {"type", kind}):
-        return gettext("unknown key(s) {names}").format(names=", ".join(unknown))
-    body = part.get(kind)
-    if kind in ("text", "refusal"):
-        return (
-            None if isinstance(body, str) else gettext("needs a string '{kind}'").format(kind=kind)
-        )
-    if not isinstance(body, Mapping):
-        return gettext("{kind} must be an object").format(kind=kind)
-    if unknown := sorted(set(body) - set(PART_BODIES[kind])):
-        return gettext("{kind} has unknown key(s) {names}").format(
-            kind=kind, names=", ".join(unknown)
-        )
-    return _BODY_ERRORS[kind](body)
+@dataclass(frozen=True)
+class Failure:
+    """Where a value fails its schema (the path from the message to it), the keyword that
+    failed, and what it found (the unknown keys, the values a discriminator takes)."""
+
+    path: Path
+    keyword: str
+    found: Any = None
 
 
-def _content_errors(message: Mapping[str, Any], role: str) -> list[str]:
-    content = message.get("content")
-    if content is None:
-        # A reply that called tools, refused, or spoke has no content, and can be sent back so.
-        if role == "assistant" and (
-            message.get("tool_calls") or message.get("refusal") or message.get("audio")
-        ):
-            return []
-        return [str(REQUIRED if "content" not in message else CONTENT_NULL)]
-    if isinstance(content, str):
-        return []
-    if not isinstance(content, list):
-        return [str(CONTENT_TYPE)]
-    if not content:
-        return [str(CONTENT_EMPTY_LIST)]
-    allowed = PART_TYPES.get(role, ("text",))
-    return [
-        gettext("Part {index}: {error}.").format(index=index, error=error)
-        for index, part in enumerate(content)
-        if (error := _part_error(part, allowed))
-    ]
+def _resolve(schema: Schema) -> Schema:
+    while "$ref" in schema:
+        schema = DEFINITIONS[schema["$ref"].removeprefix("#/$defs/")]
+    return schema
 
 
-def _function_errors(function: Any) -> list[str]:
-    if not isinstance(function, Mapping):
-        return [gettext("function must be an object with name and arguments.")]
-    errors = []
-    unknown = sorted(set(function) - {"name", "arguments"})
-    if unknown:
-        errors.append(
-            gettext("function has unknown field(s) {names}.").format(names=", ".join(unknown))
-        )
-    if not _is_text(function.get("name"), MAX_ID_LENGTH):
-        errors.append(gettext("function.name must be a non-empty string."))
-    if not isinstance(function.get("arguments"), str):
-        errors.append(gettext("function.arguments must be a string."))
-    return errors
+def _accepts(schema: Schema, value: Any) -> bool:
+    """Whether ``value`` has a type ``schema`` (or one of its alternatives) allows."""
+    schema = _resolve(schema)
+    if "type" in schema:
+        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        return any(JSON_TYPES[name](value) for name in types)
+    return "oneOf" not in schema or any(_accepts(branch, value) for branch in schema["oneOf"])
 
 
-def _call_errors(call: Any, seen: set[str]) -> list[str]:
-    """What is wrong with one tool call; ``seen`` holds the ids of the message's earlier
-    calls, and gains this one's."""
-    if not isinstance(call, Mapping):
-        return [gettext("must be an object.")]
-    errors = []
-    unknown = sorted(set(call) - {"id", "type", "function"})
-    if unknown:
-        errors.append(gettext("unknown field(s) {names}.").format(names=", ".join(unknown)))
-    call_id = call.get("id")
-    if not _is_text(call_id, MAX_ID_LENGTH):
-        errors.append(gettext("id {problem}").format(problem=str(TOOL_CALL_ID_TYPE).lower()))
-    elif call_id in seen:
-        errors.append(gettext("id {id!r} is repeated within this message.").format(id=call_id))
+def schema_failures(schema: Schema, value: Any, path: Path = ()) -> Iterator[Failure]:
+    """Every failure of ``value`` against ``schema``. A node's first failing keyword of
+    type, enum and the limits is its only failure; an object's keys and an array's items
+    are checked each. ``oneOf`` without a type is a choice by type (or by discriminator)."""
+    schema = _resolve(schema)
+    if "discriminator" in schema:
+        yield from _tagged_failures(schema, value, path)
+    elif "oneOf" in schema and "type" not in schema:
+        chosen = [branch for branch in schema["oneOf"] if _accepts(branch, value)]
+        if not chosen:
+            yield Failure(path, "type")
+        else:
+            yield from schema_failures(chosen[0], value, path)
+    elif not _accepts(schema, value):
+        yield Failure(path, "type")
+    elif "enum" in schema and value not in schema["enum"]:
+        yield Failure(path, "enum")
+    elif failed := [
+        keyword
+        for keyword, (kind, holds) in LIMITS.items()
+        if keyword in schema and isinstance(value, kind) and not holds(value, schema[keyword])
+    ]:
+        yield Failure(path, failed[0])
+    elif isinstance(value, Mapping):
+        yield from _object_failures(schema, value, path)
+    elif isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            yield from schema_failures(schema["items"], item, (*path, index))
+
+
+def _tagged_failures(schema: Schema, value: Any, path: Path) -> Iterator[Failure]:
+    """One of the schemas the discriminator maps to, picked by the value of its property."""
+    if not isinstance(value, Mapping):
+        yield Failure(path, "type")
+        return
+    tag, mapping = schema["discriminator"]["propertyName"], schema["discriminator"]["mapping"]
+    chosen = value.get(tag)
+    if not (isinstance(chosen, str) and chosen in mapping):
+        yield Failure((*path, tag), "discriminator", list(mapping))
     else:
-        seen.add(call_id)
-    if call.get("type") != "function":
-        errors.append(gettext("type must be 'function'."))
-    return errors + _function_errors(call.get("function"))
+        yield from schema_failures({"$ref": mapping[chosen]}, value, path)
 
 
-def _tool_call_errors(tool_calls: Any) -> list[str]:
-    if not isinstance(tool_calls, list) or not tool_calls:
-        return [str(TOOL_CALLS_TYPE)]
+def _object_failures(schema: Schema, value: Mapping[str, Any], path: Path) -> Iterator[Failure]:
+    properties: Schema = schema.get("properties", {})
+    if schema.get("additionalProperties") is False and (
+        unknown := sorted(set(value) - set(properties))
+    ):
+        yield Failure(path, "additionalProperties", unknown)
+    branches = schema.get("anyOf", ())
+    if branches and all(any(schema_failures(branch, value, path)) for branch in branches):
+        yield Failure(path, "anyOf", [branch["required"][0] for branch in branches])
+    for key, subschema in properties.items():
+        if key in value:
+            yield from schema_failures(subschema, value[key], (*path, key))
+        elif key in schema.get("required", ()):
+            yield Failure((*path, key), "required")
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _worded(failure: Failure) -> str:
+    """A failure as the API words it."""
+    steps = ["*" if isinstance(step, int) else step for step in failure.path]
+    words = WORDING.get(".".join(steps)) or WORDING[".".join([*steps[:-1], "*"])]
+    found = ", ".join(failure.found) if isinstance(failure.found, list) else failure.found
+    return str(words.get(failure.keyword, words[""])).format(
+        names=found,
+        id=found,
+        kind=failure.path[2] if len(failure.path) > 2 else "",
+        key=failure.path[-1],
+        problem=str(TOOL_CALL_ID_TYPE).lower(),
+    )
+
+
+def _repeated_ids(calls: list[Any], failures: list[Failure]) -> list[Failure]:
+    """A failure for each tool call whose (valid) id an earlier call of the message has:
+    what no JSON Schema keyword says."""
+    bad = {failure.path[1] for failure in failures if failure.path[2:3] == ("id",)}
     seen: set[str] = set()
+    repeated = []
+    for index, call in enumerate(calls):
+        if not isinstance(call, Mapping) or "id" not in call or index in bad:
+            continue
+        if call["id"] in seen:
+            repeated.append(Failure(("tool_calls", index, "id"), "unique", call["id"]))
+        seen.add(call["id"])
+    return repeated
+
+
+def _part_errors(failures: list[Failure]) -> list[str]:
+    """The first error of each content part that has one."""
+    first = {failure.path[1]: failure for failure in reversed(failures)}
     return [
-        gettext("Call {index}: {error}").format(index=index, error=error)
-        for index, call in enumerate(tool_calls)
-        for error in _call_errors(call, seen)
+        str(_("Part {index}: {error}.")).format(index=index, error=_worded(first[index]))
+        for index in sorted(first)
     ]
 
 
-def _field_errors(message: Mapping[str, Any], role: str) -> dict[str, list[str]]:
-    """Every bad field but unknown ones of a message whose role is valid."""
-    errors: dict[str, list[str]] = {}
-    if content_errors := _content_errors(message, role):
-        errors["content"] = content_errors
-    if "name" in message and not _is_text(message["name"], MAX_NAME_LENGTH):
-        errors["name"] = [str(BAD_NAME)]
-    if message.get("tool_calls") is not None:
-        if role != "assistant":
-            errors["tool_calls"] = [str(TOOL_CALLS_ROLE)]
-        elif call_errors := _tool_call_errors(message["tool_calls"]):
-            errors["tool_calls"] = call_errors
-    if role == "tool":
-        if "tool_call_id" not in message:
-            errors["tool_call_id"] = [str(TOOL_CALL_ID_REQUIRED)]
-        elif not _is_text(message["tool_call_id"], MAX_ID_LENGTH):
-            errors["tool_call_id"] = [str(TOOL_CALL_ID_TYPE)]
-    elif message.get("tool_call_id") is not None:
-        errors["tool_call_id"] = [str(TOOL_CALL_ID_ROLE)]
-    for field in EXTRA_FIELDS:
-        if field not in message:
-            continue
-        kind, type_error = EXTRA_TYPES[field]
-        if role != "assistant":
-            errors[field] = [str(EXTRA_ROLE)]
-        elif message[field] is not None and not isinstance(message[field], kind):
-            errors[field] = [str(type_error)]
-    return errors
+def _call_errors(failures: list[Failure]) -> list[str]:
+    """Every error of each tool call, in the order of the call's fields."""
+    order = list(DEFINITIONS["ToolCall"]["properties"])
+
+    def position(failure: Failure) -> tuple[Any, int]:
+        return failure.path[1], order.index(failure.path[2]) if failure.path[2:] else -1
+
+    return [
+        str(_("Call {index}: {error}")).format(index=failure.path[1], error=_worded(failure))
+        for failure in sorted(failures, key=position)
+    ]
+
+
+def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Every error of a message, by field, in the order of FIELDS (unknown ones first)."""
+    unknown = [field_name(field) for field in sorted(set(message) - set(FIELDS))]
+    errors = {key: [str(UNKNOWN_FIELD)] for key in unknown}
+    role = message.get("role")
+    failures = list(schema_failures(MESSAGE, message))
+    if failures and failures[0].path == ("role",):
+        return {**errors, "role": [str(REQUIRED if role is None else BAD_ROLE)]}
+    allowed = _resolve({"$ref": MESSAGE["discriminator"]["mapping"][role]})["properties"]
+    nested: dict[str, list[Failure]] = {}
+    for failure in failures:
+        field, keyword = str(failure.path[0]) if failure.path else "", failure.keyword
+        if len(failure.path) > 1:
+            nested.setdefault(field, []).append(failure)
+        elif field:
+            if allowed[field] == NULL:
+                keyword = "role"
+            elif keyword == "type" and message[field] is None:
+                keyword = "null"
+            errors[field] = [_worded(Failure(failure.path, keyword))]
+        elif keyword == "additionalProperties":
+            extras = [key for key in failure.found if key in FIELDS]
+            errors |= {key: [_worded(Failure((key,), "role"))] for key in extras}
+        elif not any(message.get(key) for key in failure.found):
+            # A reply with none of content, tool_calls, refusal or audio (a field sent with
+            # a value of the wrong type has its own error).
+            missing = "null" if "content" in message else "required"
+            errors.setdefault("content", [_worded(Failure(("content",), missing))])
+    if "tool_calls" not in errors and isinstance(calls := message.get("tool_calls"), list):
+        inner = nested.get("tool_calls", [])
+        nested["tool_calls"] = [*inner, *_repeated_ids(calls, inner)]
+    if nested.get("content"):
+        errors["content"] = _part_errors(nested["content"])
+    if nested.get("tool_calls"):
+        errors["tool_calls"] = _call_errors(nested["tool_calls"])
+    return {field: errors[field] for field in [*unknown, *FIELDS] if field in errors}
 
 
 def clean_message(message: Any, *, max_bytes: int) -> dict[str, Any]:
@@ -300,16 +372,9 @@ def clean_message(message: Any, *, max_bytes: int) -> dict[str, Any]:
     size = len(json.dumps(message, ensure_ascii=False).encode())
     if size > max_bytes:
         raise TooLarge(MESSAGE_TOO_LARGE.format(size=size, limit=max_bytes))
-    unknown = sorted(set(message) - set(FIELDS))
-    errors = {field_name(field): [str(UNKNOWN_FIELD)] for field in unknown}
-    role = message.get("role")
-    if role not in ROLES:
-        errors["role"] = [str(REQUIRED if role is None else BAD_ROLE)]
-    else:
-        errors.update(_field_errors(message, role))
-    if errors:
+    if errors := _message_errors(message):
         raise MessagesInvalid([errors])
-    cleaned: dict[str, Any] = {"role": role, "content": message.get("content")}
+    cleaned: dict[str, Any] = {"role": message["role"], "content": message.get("content")}
     for field in ("name", "tool_calls", "tool_call_id", *EXTRA_FIELDS):
         if message.get(field) is not None or (field in EXTRA_FIELDS and field in message):
             cleaned[field] = message[field]

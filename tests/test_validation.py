@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from django.test import override_settings
+from jsonschema import Draft202012Validator
 
+from ctxsum.message_schema import MESSAGE
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.services import conversation_create
 from ctxsum.validation import MAX_ID_LENGTH, MAX_NAME_LENGTH, TOOL_CALL_ID_TYPE
@@ -283,6 +285,31 @@ BAD_MESSAGES: list[tuple[str, dict, str]] = [
     ),
 ]
 BAD_IDS = [case[0] for case in BAD_MESSAGES]
+
+
+# What only the service can tell: an id repeated within a message (no keyword states it),
+# and a result that answers no call of the conversation.
+BEYOND_THE_SCHEMA = {"tool call ids repeated within a message", "tool_call_id nobody requested"}
+
+
+@pytest.mark.parametrize(("case", "message", "field"), BAD_MESSAGES, ids=BAD_IDS)
+def test_the_message_schema_refuses_what_validation_refuses(case, message, field) -> None:
+    """ctxsum.message_schema.MESSAGE, which validation walks, is JSON Schema (draft 2020-12)
+    that a validator of the standard reads alike."""
+    Draft202012Validator.check_schema(MESSAGE)
+    assert Draft202012Validator(MESSAGE).is_valid(message) == (case in BEYOND_THE_SCHEMA)
+
+
+def test_the_message_schema_takes_what_validation_takes() -> None:
+    validator = Draft202012Validator(MESSAGE)
+    for message in (
+        user_message("hi"),
+        assistant_calls("call_1", "call_2"),
+        tool_result("call_1"),
+        {"role": "assistant", "content": None, "refusal": "no", "annotations": []},
+        {"role": "developer", "content": [{"type": "text", "text": "x"}], "tool_calls": None},
+    ):
+        assert validator.is_valid(message), message
 
 
 @pytest.mark.parametrize(("case", "message", "field"), BAD_MESSAGES, ids=BAD_IDS)

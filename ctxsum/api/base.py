@@ -4,8 +4,8 @@ services' own transactions, and every error as JSON with its code."""
 from __future__ import annotations
 
 import logging
-import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 
 from ctxsum import selectors
+from ctxsum.api import paths
 from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import (
     CONVERSATION_NOT_FOUND,
@@ -39,20 +40,11 @@ from ctxsum.api.serializers import (
 )
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
-from ctxsum.services.facts import subject_problem
 from ctxsum.services.idempotency import Claim
 
 logger = logging.getLogger("ctxsum.api")
+T = TypeVar("T")
 
-CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-# A seq in a path: what a PositiveIntegerField holds on every database, in decimal.
-CANONICAL_SEQ = re.compile(r"0|[1-9][0-9]{0,9}")
-MAX_SEQ = 2**31 - 1
-# A summary version in a path: 1, 2, 3, … in decimal, within the same column.
-CANONICAL_VERSION = re.compile(r"[1-9][0-9]{0,9}")
-# A fact's id in a path: 1, 2, 3, … in decimal, within a BigAutoField.
-CANONICAL_FACT_ID = re.compile(r"[1-9][0-9]{0,18}")
-MAX_FACT_ID = 2**63 - 1
 MESSAGE_NOT_FOUND = _("No such message in this conversation.")
 SUMMARY_NOT_FOUND = _("No such summary version in this conversation.")
 SUBJECT_NOT_FOUND = _(
@@ -136,50 +128,35 @@ class CtxsumView(GenericAPIView[Any]):
         return self._conversation
 
     def _conversation_lookup(self) -> Conversation:
-        # Someone else's conversation, a missing one and a malformed id answer alike; an id
-        # is its canonical form only (not urn:uuid:…, braces or capitals), one name per
-        # conversation.
-        pk = self.kwargs["pk"]
+        # Someone else's conversation, a missing one and a malformed id answer alike.
+        pk = paths.ConversationId.parse(self.kwargs["pk"])
         try:
-            if not CANONICAL_UUID.fullmatch(pk):
-                raise ValueError(pk)
+            if pk is None:
+                raise ValueError(self.kwargs["pk"])
             return self.get_queryset().get(pk=pk)
         except (Conversation.DoesNotExist, DjangoValidationError, ValueError) as error:
             raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
 
 
-def _number_from_path(value: str, canonical: re.Pattern[str], limit: int, missing: Any) -> int:
-    """A number from the path written as ``canonical`` (no sign, no leading zero, ASCII
-    digits) up to ``limit``; anything else is a 404 with ``missing``, like a missing row,
-    before any query."""
-    if not canonical.fullmatch(value) or int(value) > limit:
-        raise exceptions.NotFound(missing)
-    return int(value)
+def _from_path(parse: Callable[[str], T | None], missing: Any) -> Callable[[str], T]:
+    """A reader of a path segment: what the segment names, else a 404 with ``missing``,
+    like a missing row, before any query."""
+
+    def read(value: str) -> T:
+        parsed = parse(value)
+        if parsed is None:
+            raise exceptions.NotFound(missing)
+        return parsed
+
+    return read
 
 
-def seq_from_path(value: str) -> int:
-    """A message's seq from the path."""
-    return _number_from_path(value, CANONICAL_SEQ, MAX_SEQ, MESSAGE_NOT_FOUND)
-
-
-def version_from_path(value: str) -> int:
-    """A summary version from the path."""
-    return _number_from_path(value, CANONICAL_VERSION, MAX_SEQ, SUMMARY_NOT_FOUND)
-
-
-def fact_id_from_path(value: str) -> int:
-    """A fact's id from the path."""
-    return _number_from_path(value, CANONICAL_FACT_ID, MAX_FACT_ID, FACT_NOT_FOUND)
+seq_from_path = _from_path(paths.Seq.parse, MESSAGE_NOT_FOUND)
+version_from_path = _from_path(paths.Version.parse, SUMMARY_NOT_FOUND)
+fact_id_from_path = _from_path(paths.FactId.parse, FACT_NOT_FOUND)
+subject_from_path = _from_path(paths.Subject.parse, SUBJECT_NOT_FOUND)
 
 
 def no_fields(request: Request) -> None:
     """Refuse a body that holds anything: these operations take no input."""
     EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
-
-
-def subject_from_path(value: str) -> str:
-    """A subject from the path (decoded from its percent-encoding); a name no subject can
-    have is a 404, before any query."""
-    if not value or subject_problem(value):
-        raise exceptions.NotFound(SUBJECT_NOT_FOUND)
-    return value

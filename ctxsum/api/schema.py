@@ -1,10 +1,10 @@
 """The OpenAPI description of the REST API, for drf-spectacular: what no serializer field says.
 
-Messages travel in OpenAI's chat format, which the service checks by hand
-(``ctxsum.validation``); the components here say the same in JSON Schema, built from that
-module's constants. Each ``RawSchema`` subclass is a component whose schema is written out
-(``build``) instead of derived from fields; serializers point at them with
-``extend_schema_field`` and views with ``extend_schema``. The extensions at the end describe
+Messages travel in OpenAI's chat format: the document holds ``ctxsum.message_schema``, the
+schema the service validates them with, each of its definitions a component. Each
+``RawSchema`` subclass is a component whose schema is written out (``build``) instead of
+derived from fields; serializers point at them with ``extend_schema_field`` and views with
+``extend_schema``. The extensions at the end describe
 the serializers whose answers are assembled by hand.
 
 Nothing here runs when a request is answered: it is read when a schema is generated, and it
@@ -18,27 +18,23 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from drf_spectacular.extensions import OpenApiSerializerExtension
-from drf_spectacular.plumbing import is_jsonschema_compliant
+from drf_spectacular.plumbing import ResolvedComponent, is_jsonschema_compliant
 from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 
+from ctxsum import message_schema
+from ctxsum.api import paths
 from ctxsum.conf import ctxsum_settings
+from ctxsum.message_schema import NULL, closed, const, nullable, string
 from ctxsum.policy import UNITS, Reason
-from ctxsum.validation import (
-    AUDIO_FORMATS,
-    MAX_ID_LENGTH,
-    MAX_NAME_LENGTH,
-    PART_BODIES,
-    PART_TYPES,
-    ROLES,
-)
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
 
 Schema = dict[str, Any]
-# Names a component (a RawSchema or a plain serializer) and adds it to the document.
-Ref = Callable[[type[serializers.Serializer[Any]]], Schema]
+# Names a component (a RawSchema, a plain serializer, or one of the message schema's $defs
+# by its name) and adds it to the document.
+Ref = Callable[[type[serializers.Serializer[Any]] | str], Schema]
 
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
@@ -59,49 +55,20 @@ SERVER_SENT_EVENTS = OpenApiResponse(
     "after its first chunk (nothing is stored).",
 )
 
-# The path's id: drf-spectacular cannot tell its form from the URLconf's str converter.
-CONVERSATION_ID = OpenApiParameter(
-    "id",
-    str,
-    OpenApiParameter.PATH,
-    description="The conversation's id: a UUID in its canonical lower-case form.",
-    pattern="^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
-)
-# A message's seq in the path: decimal digits, no sign, no leading zero.
-MESSAGE_SEQ = OpenApiParameter(
-    "seq",
-    str,
-    OpenApiParameter.PATH,
-    description="The message's seq in its conversation: 0, 1, 2, … in decimal.",
-    pattern="^(0|[1-9][0-9]{0,9})$",
-)
 
-SUMMARY_VERSION = OpenApiParameter(
-    "version",
-    str,
-    OpenApiParameter.PATH,
-    description="The summary's version in its conversation: 1, 2, 3, … in decimal.",
-    pattern="^[1-9][0-9]{0,9}$",
-)
+def _path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter:
+    """A segment of the path (drf-spectacular cannot tell its form from its converter)."""
+    pattern = f"^{segment.canonical}$"
+    return OpenApiParameter(
+        name, str, OpenApiParameter.PATH, description=segment.description, pattern=pattern
+    )
 
-FACT_ID = OpenApiParameter(
-    "fact_id",
-    str,
-    OpenApiParameter.PATH,
-    description="The fact's id: 1, 2, 3, … in decimal.",
-    pattern="^[1-9][0-9]{0,18}$",
-)
-# A subject in the path, percent-encoded as any path segment; the rules the schema cannot
-# state (no whitespace at either end, not "." or "..") are in words.
-SUBJECT = OpenApiParameter(
-    "subject",
-    str,
-    OpenApiParameter.PATH,
-    description="The subject, percent-encoded: 1 to 200 characters, with no slash, no "
-    "control character and no whitespace at either end, and not `.` or `..`. A name no "
-    "subject can have answers 404.",
-    pattern="^[^/\\u0000-\\u001f\\u007f-\\u009f]{1,200}$",
-)
+
+CONVERSATION_ID = _path_parameter("id", paths.ConversationId)
+MESSAGE_SEQ = _path_parameter("seq", paths.Seq)
+SUMMARY_VERSION = _path_parameter("version", paths.Version)
+FACT_ID = _path_parameter("fact_id", paths.FactId)
+SUBJECT = _path_parameter("subject", paths.Subject)
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
@@ -121,279 +88,74 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 # --------------------------------------------------------------------------- helpers
 
 
-def _null() -> Schema:
-    """A schema that only null matches."""
-    if is_jsonschema_compliant():
-        return {"type": "null"}
-    # OpenAPI 3.0 has no null type; an enum of null is the nearest it comes. Wrapped, so
-    # drf-spectacular's enum hook does not take it for a choice set (and drop the null).
-    return {"allOf": [{"enum": [None]}]}
-
-
 def _or_null(schema: Schema) -> Schema:
-    """``schema``, or null."""
+    """``schema``, or null (spelled as JSON Schema does: see ``_spelled``)."""
     if "type" in schema:
-        if is_jsonschema_compliant():
-            return {**schema, "type": [schema["type"], "null"]}
-        return {**schema, "nullable": True}
+        return nullable(schema)
     if "oneOf" in schema or "anyOf" in schema:
         key = "oneOf" if "oneOf" in schema else "anyOf"
-        return {**schema, key: [*schema[key], _null()]}
-    return {"oneOf": [schema, _null()]}
+        return {**schema, key: [*schema[key], NULL]}
+    return {"oneOf": [schema, NULL]}
 
 
-def _string(min_length: int = 0, max_length: int | None = None) -> Schema:
-    schema: Schema = {"type": "string"}
-    if min_length:
-        schema["minLength"] = min_length
-    if max_length is not None:
-        schema["maxLength"] = max_length
-    return schema
-
-
-def _const(value: str) -> Schema:
-    return {"type": "string", "enum": [value]}
-
-
-def _object(properties: Schema, required: Iterable[str] = (), **extra: Any) -> Schema:
-    """A closed object: keys other than ``properties`` are refused, as the API refuses them."""
-    schema: Schema = {"type": "object", "properties": properties, "additionalProperties": False}
-    if required:
-        schema["required"] = list(required)
-    return {**schema, **extra}
-
-
-def _positive_integer() -> Schema:
-    return {"type": "integer", "minimum": 1}
+POSITIVE_INTEGER = {"type": "integer", "minimum": 1}
 
 
 class RawSchema(serializers.Serializer[Any]):
-    """A component whose JSON Schema is written out in ``build``; ``ref`` names another one
-    (and adds it to the document). Never used to validate anything."""
+    """A component whose JSON Schema is written out: its ``schema``, or what ``build``
+    writes (``ref`` names another component and adds it to the document), as JSON Schema
+    spells it (see ``_spelled``). Never used to validate anything."""
+
+    schema: ClassVar[Schema]
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        raise NotImplementedError
+        return cls.schema
 
 
 # --------------------------------------------------------------------------- messages
 
 
-def _part(kind: str, body: Schema) -> Schema:
-    return _object({"type": _const(kind), kind: body}, required=("type", kind))
+def _spelled(schema: Schema, ref: Ref) -> Schema:
+    """A schema written as JSON Schema (draft 2020-12) spells it, as the document holds it:
+    each of the message schema's $defs a component, and null as the OpenAPI version spells
+    it (3.0 has no null type: ``nullable``, or an enum of null wrapped so that
+    drf-spectacular's enum hook does not take it for a choice set and drop the null)."""
+    if schema.get("$ref", "").startswith("#/$defs/"):
+        return _ref_to(schema["$ref"], ref)
+    spelled: Schema = {}
+    for key, value in schema.items():
+        if key == "properties":
+            value = {name: _spelled(item, ref) for name, item in value.items()}
+        elif key == "items":
+            value = _spelled(value, ref)
+        elif key in ("oneOf", "anyOf", "allOf"):
+            value = [_spelled(item, ref) for item in value]
+        elif key == "discriminator":
+            mapping = {tag: _ref_to(to, ref)["$ref"] for tag, to in value["mapping"].items()}
+            value = {**value, "mapping": mapping}
+        if not key.startswith("$") or key == "$ref":
+            spelled[key] = value
+    if is_jsonschema_compliant():
+        return spelled
+    if spelled == NULL:
+        return {"allOf": [{"enum": [None]}]}
+    if isinstance(spelled.get("type"), list):
+        (kind,) = [name for name in spelled["type"] if name != "null"]
+        return {**spelled, "type": kind, "nullable": True}
+    return spelled
 
 
-class _StringPart(RawSchema):
-    kind: ClassVar[str]
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _part(cls.kind, _string())
-
-
-class TextPart(_StringPart):
-    kind = "text"
-
-
-class RefusalPart(_StringPart):
-    kind = "refusal"
-
-
-class ImageUrlPart(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        detail = _or_null({"type": "string", "enum": ["auto", "low", "high", None]})
-        body = {"url": _string(min_length=1), "detail": detail}
-        assert set(body) == set(PART_BODIES["image_url"])
-        return _part("image_url", _object(body, required=("url",)))
-
-
-class InputAudioPart(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        body = {"data": _string(min_length=1), "format": {"type": "string", "enum": AUDIO_FORMATS}}
-        return _part("input_audio", _object(body, required=("data", "format")))
-
-
-class FilePart(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        keys = PART_BODIES["file"]
-        # file_data or file_id, not blank; filename alone names nothing.
-        either = [
-            {"required": [key], "properties": {key: _string(min_length=1)}} for key in keys[:2]
-        ]
-        return _part("file", _object({key: _string() for key in keys}, anyOf=either))
-
-
-PARTS: dict[str, type[RawSchema]] = {
-    "text": TextPart,
-    "refusal": RefusalPart,
-    "image_url": ImageUrlPart,
-    "input_audio": InputAudioPart,
-    "file": FilePart,
-}
-
-
-class _Content(RawSchema):
-    """Text, or a non-empty list of the content parts ``role`` may send."""
-
-    role: ClassVar[str]
-    parts: ClassVar[str]
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        parts = [ref(PARTS[kind]) for kind in PART_TYPES[cls.role]]
-        items = parts[0] if len(parts) == 1 else {"oneOf": parts}
-        return {
-            "description": f"Text, or a non-empty list of {cls.parts}.",
-            "oneOf": [_string(), {"type": "array", "minItems": 1, "items": items}],
-        }
-
-
-class TextContent(_Content):
-    role, parts = "system", "text parts"
-
-
-class UserContent(_Content):
-    role, parts = "user", "text, image, audio and file parts"
-
-
-class AssistantContent(_Content):
-    role, parts = "assistant", "text and refusal parts"
-
-
-class ToolCall(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        function = _object(
-            {"name": _string(1, MAX_ID_LENGTH), "arguments": _string()},
-            required=("name", "arguments"),
-            description="`arguments` is the JSON text the model wrote, not parsed.",
-        )
-        return _object(
-            {"id": _string(1, MAX_ID_LENGTH), "type": _const("function"), "function": function},
-            required=("id", "type", "function"),
-            description="A call's id is unique within its message.",
-        )
-
-
-def _name() -> Schema:
-    return {**_string(1, MAX_NAME_LENGTH), "description": "The participant's name."}
-
-
-def _tool_call_id() -> Schema:
-    return {
-        **_string(1, MAX_ID_LENGTH),
-        "description": "The id of a tool call of an earlier assistant message of the "
-        "conversation that no summary has archived and no result answers yet.",
-    }
-
-
-def _tool_calls(ref: Ref) -> Schema:
-    return {"type": "array", "minItems": 1, "items": ref(ToolCall)}
-
-
-def _extras() -> Schema:
-    """The provider-reply fields an assistant message may carry, returned as given."""
-    return {
-        "refusal": _or_null(_string()),
-        "annotations": _or_null({"type": "array", "items": {}}),
-        "audio": _or_null({"type": "object"}),
-        "reasoning_content": _or_null(_string()),
-    }
-
-
-class _PlainMessage(RawSchema):
-    """A message of a role that neither calls tools nor carries a reply's extras."""
-
-    role: ClassVar[str]
-    content_schema: ClassVar[type[RawSchema]] = TextContent
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        # tool_calls and tool_call_id may be sent as null by any role (SDKs dump them so).
-        properties = {
-            "role": _const(cls.role),
-            "content": ref(cls.content_schema),
-            "name": _name(),
-            "tool_calls": _null(),
-            "tool_call_id": _null(),
-        }
-        return _object(properties, required=("role", "content"))
-
-
-class SystemMessage(_PlainMessage):
-    role = "system"
-
-
-class DeveloperMessage(_PlainMessage):
-    role = "developer"
-
-
-class UserMessage(_PlainMessage):
-    role, content_schema = "user", UserContent
-
-
-class ToolMessage(_PlainMessage):
-    role = "tool"
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        schema = super().build(ref)
-        schema["properties"]["tool_call_id"] = _tool_call_id()
-        schema["required"].append("tool_call_id")
-        return schema
-
-
-class AssistantMessage(RawSchema):
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        properties = {
-            "role": _const("assistant"),
-            "content": _or_null(ref(AssistantContent)),
-            "name": _name(),
-            "tool_calls": _or_null(_tool_calls(ref)),
-            "tool_call_id": _null(),
-            **_extras(),
-        }
-        # content may be null or left out only when the reply called tools, refused or spoke.
-        reasons = {
-            "content": ref(AssistantContent),
-            "tool_calls": {"type": "array"},
-            "refusal": _string(min_length=1),
-            "audio": {"type": "object", "minProperties": 1},
-        }
-        either = [{"required": [key], "properties": {key: value}} for key, value in reasons.items()]
-        return _object(properties, required=("role",), anyOf=either)
-
-
-MESSAGES: dict[str, type[RawSchema]] = {
-    "system": SystemMessage,
-    "developer": DeveloperMessage,
-    "user": UserMessage,
-    "assistant": AssistantMessage,
-    "tool": ToolMessage,
-}
-assert tuple(MESSAGES) == ROLES
+def _ref_to(target: str, ref: Ref) -> Schema:
+    """The component a reference to one of the message schema's $defs names."""
+    return ref(target.removeprefix("#/$defs/"))
 
 
 class ChatMessage(RawSchema):
-    """An OpenAI chat completions message; its ``role`` says which fields it may have."""
+    """An OpenAI chat completions message: ``ctxsum.message_schema.MESSAGE``, whose ``role``
+    picks the schema of its role."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        variants = {role: ref(message) for role, message in MESSAGES.items()}
-        return {
-            "description": "A message as OpenAI's chat completions API takes it. Any other "
-            "field is refused, and so are a NUL character, an unpaired surrogate and a "
-            "number that is not finite anywhere in it.",
-            "oneOf": list(variants.values()),
-            "discriminator": {
-                "propertyName": "role",
-                "mapping": {role: variant["$ref"] for role, variant in variants.items()},
-            },
-        }
+    schema = message_schema.MESSAGE
 
 
 class MessageList(RawSchema):
@@ -414,96 +176,80 @@ class MessagesAppend(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        batch = _object({"messages": ref(MessageList)}, required=("messages",))
+        batch = closed({"messages": ref(MessageList)}, required=("messages",))
         return {"oneOf": [ref(ChatMessage), batch]}
 
 
 def openai_message_properties(ref: Ref) -> Schema:
     """The OpenAI fields of a stored message: whichever its role allows, as it was sent."""
-    contents = [ref(TextContent), ref(UserContent), ref(AssistantContent)]
-    return {
-        "role": {"type": "string", "enum": list(ROLES)},
+    contents = [message_schema.ref(name) for name in message_schema.CONTENTS]
+    properties = {
+        "role": {"type": "string", "enum": list(message_schema.ROLES)},
         "content": _or_null({"anyOf": contents}),
-        "name": _name(),
-        "tool_calls": _tool_calls(ref),
-        "tool_call_id": _string(1, MAX_ID_LENGTH),
-        **_extras(),
+        "name": message_schema.NAME,
+        "tool_calls": message_schema.TOOL_CALLS,
+        "tool_call_id": message_schema.ID,
+        **message_schema.EXTRAS,
     }
+    spelled: Schema = _spelled({"properties": properties}, ref)["properties"]
+    return spelled
 
 
 class SystemPrompt(RawSchema):
     """The leading system (or developer) message's content; null when there is none."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _or_null(ref(TextContent))
+    schema = _or_null(message_schema.ref("TextContent"))
 
 
-def _function_type() -> Schema:
-    """``"function"``, the one tool type; wrapped so that drf-spectacular's enum hook leaves
-    it alone (ToolCall's own ``type`` enum already has the name it would take)."""
-    return {"allOf": [_const("function")]}
+# "function", the one tool type; wrapped so that drf-spectacular's enum hook leaves it alone
+# (ToolCall's own type enum already has the name it would take).
+FUNCTION_TYPE = {"allOf": [const("function")]}
+FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
 
 
 class TurnMessage(RawSchema):
     """A chat turn's new message: a user message or a tool result; null continues after
     results appended through the messages endpoint."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return {"oneOf": [ref(UserMessage), ref(ToolMessage), _null()]}
+    schema = {"oneOf": [message_schema.ref("UserMessage"), message_schema.ref("ToolMessage"), NULL]}
 
 
 class Tools(RawSchema):
     """The tools the model may call, as OpenAI's chat completions API takes them."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        function = _object(
-            {
-                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                "description": _string(),
-                "parameters": {"type": "object"},
-                "strict": _or_null({"type": "boolean"}),
-            },
-            required=("name",),
-        )
-        tool = _object({"type": _function_type(), "function": function}, ("type", "function"))
-        return _or_null({"type": "array", "minItems": 1, "maxItems": 128, "items": tool})
+    _function = closed(
+        {
+            "name": FUNCTION_NAME,
+            "description": string(),
+            "parameters": {"type": "object"},
+            "strict": _or_null({"type": "boolean"}),
+        },
+        required=("name",),
+    )
+    _tool = closed({"type": FUNCTION_TYPE, "function": _function}, ("type", "function"))
+    schema = _or_null({"type": "array", "minItems": 1, "maxItems": 128, "items": _tool})
 
 
 class ToolChoice(RawSchema):
     """Whether and which tool the model must call."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        named = _object(
-            {
-                "type": _function_type(),
-                "function": _object(
-                    {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}}, ("name",)
-                ),
-            },
-            required=("type", "function"),
-        )
-        choices = {"type": "string", "enum": ["none", "auto", "required"]}
-        return {"oneOf": [choices, named, _null()]}
+    _named = closed(
+        {"type": FUNCTION_TYPE, "function": closed({"name": FUNCTION_NAME}, ("name",))},
+        required=("type", "function"),
+    )
+    schema = {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _named, NULL]}
 
 
 class Temperature(RawSchema):
     """Sampling temperature, passed on to the model."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _or_null({"type": "number", "minimum": 0, "maximum": 2})
+    schema = _or_null({"type": "number", "minimum": 0, "maximum": 2})
 
 
 class MaxCompletionTokens(RawSchema):
     """The reply's token cap, passed on to the model."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _or_null({"type": "integer", "minimum": 1, "maximum": 2**31 - 1})
+    schema = _or_null({"type": "integer", "minimum": 1, "maximum": 2**31 - 1})
 
 
 # --------------------------------------------------------------------------- policy
@@ -512,35 +258,33 @@ class MaxCompletionTokens(RawSchema):
 class Trigger(RawSchema):
     """When to compact; with both keys set, both thresholds must be reached."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        properties = {unit: _or_null(_positive_integer()) for unit in UNITS}
-        either = [{"required": [unit], "properties": {unit: {"type": "integer"}}} for unit in UNITS]
-        return _object(properties, anyOf=either)
+    schema = closed(
+        {unit: _or_null(POSITIVE_INTEGER) for unit in UNITS},
+        anyOf=[{"required": [unit], "properties": {unit: {"type": "integer"}}} for unit in UNITS],
+    )
 
 
 class Keep(RawSchema):
     """How much recent history stays verbatim: exactly one of ``messages`` or ``tokens``."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        one_of = [
-            _object(
-                {unit: _positive_integer(), **{other: _null() for other in UNITS if other != unit}},
-                required=(unit,),
+    schema = {
+        "oneOf": [
+            closed(
+                {unit: POSITIVE_INTEGER, **{other: NULL for other in UNITS if other != unit}},
+                (unit,),
             )
             for unit in UNITS
         ]
-        return {"oneOf": one_of}
+    }
 
 
 def _policy(ref: Ref, *, effective: bool) -> Schema:
     trigger, keep = ref(Trigger), ref(Keep)
-    return _object(
+    return closed(
         {
             "trigger": trigger if effective else _or_null(trigger),
             "keep": keep if effective else _or_null(keep),
-            "max_context_tokens": _or_null(_positive_integer()),
+            "max_context_tokens": _or_null(POSITIVE_INTEGER),
         },
         required=("trigger", "keep", "max_context_tokens"),
     )
@@ -665,7 +409,7 @@ class FieldErrors(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        entry = {"anyOf": [_string(), ref(FieldErrors)]}
+        entry = {"anyOf": [string(), ref(FieldErrors)]}
         value = {"anyOf": [{"type": "array", "items": entry}, ref(FieldErrors)]}
         return {"type": "object", "additionalProperties": value}
 
@@ -676,7 +420,7 @@ class BadRequest(RawSchema):
 
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        return {"anyOf": [ref(FieldErrors), ref(Error), {"type": "array", "items": _string()}]}
+        return {"anyOf": [ref(FieldErrors), ref(Error), {"type": "array", "items": string()}]}
 
 
 ERRORS = {
@@ -791,8 +535,13 @@ def page(schema: Schema) -> Schema:
     version, and every key required: each is in every answer."""
     properties = dict(schema["properties"])
     for link in ("next", "previous"):
-        properties[link] = _or_null({k: v for k, v in properties[link].items() if k != "nullable"})
+        link_schema = {k: v for k, v in properties[link].items() if k != "nullable"}
+        properties[link] = _spelled(_or_null(link_schema), _no_definitions)
     return {**schema, "properties": properties, "required": list(properties)}
+
+
+def _no_definitions(component: Any) -> Schema:
+    raise AssertionError(component)
 
 
 # --------------------------------------------------------------------------- extensions
@@ -806,18 +555,31 @@ class RawSchemaExtension(OpenApiSerializerExtension):
 
     def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
         raw: type[RawSchema] = type(self.target)
-        return raw.build(_referrer(auto_schema))
+        ref = _referrer(auto_schema)
+        return _spelled(raw.build(ref), ref)
 
 
 def _referrer(auto_schema: AutoSchema) -> Ref:
-    """``ref`` for builders: the component of a RawSchema, shared by requests and answers
-    (no ``Request`` suffix), registered on first use."""
+    """``ref`` for builders: the component of a RawSchema or of a definition of the message
+    schema, shared by requests and answers (no ``Request`` suffix), registered on first use."""
 
-    def ref(component: type[serializers.Serializer[Any]]) -> Schema:
+    def ref(component: type[serializers.Serializer[Any]] | str) -> Schema:
+        if isinstance(component, str):
+            return _definition(auto_schema, component)
         reference: Schema = auto_schema.resolve_serializer(component, "response").ref
         return reference
 
     return ref
+
+
+def _definition(auto_schema: AutoSchema, name: str) -> Schema:
+    """The component of ``message_schema.DEFINITIONS[name]``, registered on first use."""
+    component = ResolvedComponent(name, ResolvedComponent.SCHEMA, object=name)
+    if component not in auto_schema.registry:
+        auto_schema.registry.register(component)
+        component.schema = _spelled(message_schema.DEFINITIONS[name], _referrer(auto_schema))
+    reference: Schema = component.ref
+    return reference
 
 
 class StrictSerializerExtension(OpenApiSerializerExtension):
@@ -849,17 +611,19 @@ class MessageOutputExtension(OpenApiSerializerExtension):
         }
 
 
-class _LeftOutWhenNone(OpenApiSerializerExtension):
-    """An answer that leaves a key out rather than send it as null."""
+class LeftOutWhenNoneExtension(OpenApiSerializerExtension):
+    """An answer that leaves keys out rather than send them as null (``left_out``)."""
 
-    left_out: tuple[str, ...] = ()
+    target_class = "ctxsum.api.serializers.LeftOutWhenNone"
+    match_subclasses = True
 
     def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
         schema: Schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        left_out = self.target.left_out
         properties = dict(schema["properties"])
-        for key in self.left_out:
+        for key in left_out:
             properties[key] = _not_null(properties[key])
-        required = [key for key in schema.get("required", []) if key not in self.left_out]
+        required = [key for key in schema.get("required", []) if key not in left_out]
         return {**schema, "properties": properties, "required": required}
 
 
@@ -871,13 +635,3 @@ def _not_null(schema: Schema) -> Schema:
         if len(references) == 1:
             return dict(references[0])
     return schema
-
-
-class AppendOutputExtension(_LeftOutWhenNone):
-    target_class = "ctxsum.api.serializers.AppendOutputSerializer"
-    left_out = ("compaction",)
-
-
-class CompactionOutputExtension(_LeftOutWhenNone):
-    target_class = "ctxsum.api.serializers.CompactionOutputSerializer"
-    left_out = ("plan",)

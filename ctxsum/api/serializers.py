@@ -82,32 +82,22 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-# JSON taken as it comes, for the service to check; each says what it should be.
+def checked_by_service(described_as: Any) -> type[serializers.JSONField]:
+    """A field of JSON taken as it comes, for the service to check (with errors that name
+    the index and field), that the OpenAPI document describes as ``described_as``."""
+    name = f"{getattr(described_as, '__name__', 'JSON')}Field"
+    field: type[serializers.JSONField] = type(name, (serializers.JSONField,), {})
+    return extend_schema_field(described_as)(field)
 
 
-@extend_schema_field(schema.ChatMessage)
-class MessageField(serializers.JSONField):
-    """One OpenAI chat message."""
-
-
-@extend_schema_field(schema.MessageList)
-class MessageListField(serializers.JSONField):
-    """A non-empty list of OpenAI chat messages."""
-
-
-@extend_schema_field(schema.Trigger)
-class TriggerField(serializers.JSONField):
-    """``{"messages": N, "tokens": N}``, either key or both."""
-
-
-@extend_schema_field(schema.Keep)
-class KeepField(serializers.JSONField):
-    """``{"messages": N}`` or ``{"tokens": N}``."""
-
-
-@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_TOKENS_LIMIT})
-class MaxContextTokensField(serializers.JSONField):
-    """Checked by the service (a positive integer the column can hold, or null)."""
+MessageField = checked_by_service(schema.ChatMessage)
+MessageListField = checked_by_service(schema.MessageList)
+TriggerField = checked_by_service(schema.Trigger)  # {"messages": N, "tokens": N}, either or both
+KeepField = checked_by_service(schema.Keep)  # {"messages": N} or {"tokens": N}
+# A positive integer the column can hold, or null.
+MaxContextTokensField = checked_by_service(
+    {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_TOKENS_LIMIT}
+)
 
 
 class PolicyInputSerializer(StrictSerializer):
@@ -195,29 +185,11 @@ class EmptyInputSerializer(StrictSerializer):
     """A body with no fields: ``{}``, or no body at all."""
 
 
-@extend_schema_field(schema.TurnMessage)
-class TurnMessageField(serializers.JSONField):
-    """The turn's new message, checked by the service."""
-
-
-@extend_schema_field(schema.Tools)
-class ToolsField(serializers.JSONField):
-    """Checked by the service."""
-
-
-@extend_schema_field(schema.ToolChoice)
-class ToolChoiceField(serializers.JSONField):
-    """Checked by the service."""
-
-
-@extend_schema_field(schema.Temperature)
-class TemperatureField(serializers.JSONField):
-    """Checked by the service (a JSON number, not a string)."""
-
-
-@extend_schema_field(schema.MaxCompletionTokens)
-class MaxCompletionTokensField(serializers.JSONField):
-    """Checked by the service (a JSON integer, not a string)."""
+TurnMessageField = checked_by_service(schema.TurnMessage)
+ToolsField = checked_by_service(schema.Tools)
+ToolChoiceField = checked_by_service(schema.ToolChoice)
+TemperatureField = checked_by_service(schema.Temperature)  # a JSON number, not a string
+MaxCompletionTokensField = checked_by_service(schema.MaxCompletionTokens)  # a JSON integer
 
 
 class ChatInputSerializer(StrictSerializer):
@@ -451,17 +423,26 @@ class AutoCompactionOutputSerializer(serializers.Serializer[Any]):
     detail = serializers.CharField(allow_blank=True)
 
 
-class AppendOutputSerializer(serializers.Serializer[Any]):
-    """What an append stored (``services.Appended``); ``compaction`` only with AUTO_COMPACT."""
+class LeftOutWhenNone(serializers.Serializer[Any]):
+    """An answer that leaves the keys ``left_out`` out rather than send them as null."""
 
-    messages = MessageOutputSerializer(many=True)
-    compaction = AutoCompactionOutputSerializer(allow_null=True)
+    left_out: tuple[str, ...] = ()
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         data = super().to_representation(instance)
-        if data["compaction"] is None:
-            del data["compaction"]
-        return data
+        return {
+            key: value
+            for key, value in data.items()
+            if key not in self.left_out or value is not None
+        }
+
+
+class AppendOutputSerializer(LeftOutWhenNone):
+    """What an append stored (``services.Appended``); ``compaction`` only with AUTO_COMPACT."""
+
+    left_out = ("compaction",)
+    messages = MessageOutputSerializer(many=True)
+    compaction = AutoCompactionOutputSerializer(allow_null=True)
 
 
 class ChatUsageOutputSerializer(serializers.ModelSerializer[ChatTurn]):
@@ -503,10 +484,11 @@ class ChatOutputSerializer(serializers.Serializer[Any]):
         return read_after_write("stats", conversation.pk, stats)
 
 
-class CompactionOutputSerializer(serializers.Serializer[Any]):
+class CompactionOutputSerializer(LeftOutWhenNone):
     """What a compaction did (``services.CompactionResult``); ``plan`` unless the trigger
     was not reached."""
 
+    left_out = ("plan",)
     compacted = serializers.BooleanField()
     reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.COMPACTION_REASONS])
     over_trigger = serializers.BooleanField()
@@ -515,12 +497,6 @@ class CompactionOutputSerializer(serializers.Serializer[Any]):
     # Null only when it could not be read after a compaction that committed.
     context = ContextOutputSerializer(allow_null=True)  # type: ignore[assignment]
     plan = serializers.SerializerMethodField()
-
-    def to_representation(self, instance: Any) -> dict[str, Any]:
-        data = super().to_representation(instance)
-        if data["plan"] is None:
-            del data["plan"]
-        return data
 
     @extend_schema_field(schema.CompactionPlan)
     def get_plan(self, result: Any) -> dict[str, Any] | None:

@@ -1,46 +1,46 @@
-from django.urls import path
+from django.urls import path, register_converter
 
-from ctxsum.api import chat, facts, views
+from ctxsum.api import chat, facts, paths, views
 
 app_name = "ctxsum"
+
+for name, converter in paths.CONVERTERS.items():
+    register_converter(converter, name)
+
+CONVERSATION = "conversations/<ctxsum_id:pk>/"
+SUBJECT = "subjects/<ctxsum_subject:subject>/"
 
 urlpatterns = [
     path("", views.ApiRoot.as_view(), name="api-root"),
     path("conversations/", views.ConversationList.as_view(), name="conversation-list"),
-    path("conversations/<str:pk>/", views.ConversationDetail.as_view(), name="conversation-detail"),
-    path("conversations/<str:pk>/messages/", views.MessageList.as_view(), name="message-list"),
+    path(CONVERSATION, views.ConversationDetail.as_view(), name="conversation-detail"),
+    path(f"{CONVERSATION}messages/", views.MessageList.as_view(), name="message-list"),
     path(
-        "conversations/<str:pk>/messages/<str:seq>/redact/",
+        f"{CONVERSATION}messages/<ctxsum_seq:seq>/redact/",
         views.MessageRedact.as_view(),
         name="message-redact",
     ),
-    path("conversations/<str:pk>/context/", views.ContextDetail.as_view(), name="context"),
-    path("conversations/<str:pk>/compact/", views.ConversationCompact.as_view(), name="compact"),
-    path("conversations/<str:pk>/chat/", chat.ConversationChat.as_view(), name="chat"),
-    path("conversations/<str:pk>/facts/", facts.ConversationFactList.as_view(), name="fact-list"),
+    path(f"{CONVERSATION}context/", views.ContextDetail.as_view(), name="context"),
+    path(f"{CONVERSATION}compact/", views.ConversationCompact.as_view(), name="compact"),
+    path(f"{CONVERSATION}chat/", chat.ConversationChat.as_view(), name="chat"),
+    path(f"{CONVERSATION}facts/", facts.ConversationFactList.as_view(), name="fact-list"),
     path(
-        "conversations/<str:pk>/facts/<str:fact_id>/",
+        f"{CONVERSATION}facts/<ctxsum_fact:fact_id>/",
         facts.ConversationFactDetail.as_view(),
         name="fact-detail",
     ),
-    path("conversations/<str:pk>/summaries/", views.SummaryList.as_view(), name="summary-list"),
+    path(f"{CONVERSATION}summaries/", views.SummaryList.as_view(), name="summary-list"),
     path(
-        "conversations/<str:pk>/summaries/rebuild/",
-        views.SummaryRebuild.as_view(),
-        name="summary-rebuild",
+        f"{CONVERSATION}summaries/rebuild/", views.SummaryRebuild.as_view(), name="summary-rebuild"
     ),
     path(
-        "conversations/<str:pk>/summaries/<str:version>/revert/",
+        f"{CONVERSATION}summaries/<ctxsum_version:version>/revert/",
         views.SummaryRevert.as_view(),
         name="summary-revert",
     ),
+    path(f"{SUBJECT}facts/", facts.SubjectFactList.as_view(), name="subject-fact-list"),
     path(
-        "subjects/<str:subject>/facts/",
-        facts.SubjectFactList.as_view(),
-        name="subject-fact-list",
-    ),
-    path(
-        "subjects/<str:subject>/facts/<str:fact_id>/",
+        f"{SUBJECT}facts/<ctxsum_fact:fact_id>/",
         facts.SubjectFactDetail.as_view(),
         name="subject-fact-detail",
     ),

@@ -47,6 +47,7 @@ from tests.support.shared import REPO_ROOT, use_tiktoken_cache
 POLICY = "ctxsum/policy.py"
 LAYOUT = "ctxsum/layout.py"
 VALIDATION = "ctxsum/validation.py"
+MESSAGE_SCHEMA = "ctxsum/message_schema.py"
 COMPACTION = "ctxsum/services/compaction.py"
 LEASES = "ctxsum/services/leases.py"
 ROW_LEASE = "ctxsum/services/row_lease.py"
@@ -210,8 +211,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "text-limit-exclusive",
         VALIDATION,
-        "return max_length is None or len(value) <= max_length",
-        "return max_length is None or len(value) < max_length",
+        '"maxLength": (str, lambda value, limit: len(value) <= limit),',
+        '"maxLength": (str, lambda value, limit: len(value) < limit),',
         VALIDATION_TESTS,
     ),
     Mutant(
@@ -223,51 +224,52 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "tool-result-id-unbounded",
-        VALIDATION,
-        'elif not _is_text(message["tool_call_id"], MAX_ID_LENGTH):',
-        'elif not _is_text(message["tool_call_id"]):',
+        MESSAGE_SCHEMA,
+        "ANSWERED_CALL: Schema = {\n    **ID,",
+        "ANSWERED_CALL: Schema = {\n    **string(1),",
         VALIDATION_TESTS,
     ),
     Mutant(
         "tool-call-id-on-assistant",
-        VALIDATION,
-        'elif message.get("tool_call_id") is not None:',
-        'elif message.get("tool_call_id") is not None and role != "assistant":',
+        MESSAGE_SCHEMA,
+        "tool_calls=nullable(TOOL_CALLS),",
+        "tool_calls=nullable(TOOL_CALLS),\n    tool_call_id=nullable(ID),",
         VALIDATION_TESTS,
     ),
     Mutant(
         "tool-calls-on-tool-messages",
-        VALIDATION,
-        'if role != "assistant":\n            errors["tool_calls"]',
-        'if role == "user":\n            errors["tool_calls"]',
+        MESSAGE_SCHEMA,
+        '("role", "content", "tool_call_id"), tool_call_id=ANSWERED_CALL',
+        '("role", "content", "tool_call_id"), tool_call_id=ANSWERED_CALL, '
+        "tool_calls=nullable(TOOL_CALLS)",
         VALIDATION_TESTS,
     ),
     Mutant(
         "null-content-with-audio-refused",
-        VALIDATION,
-        'message.get("tool_calls") or message.get("refusal") or message.get("audio")',
-        'message.get("tool_calls") or message.get("refusal")',
+        MESSAGE_SCHEMA,
+        '    "audio": {"type": "object", "minProperties": 1},\n',
+        "",
         VALIDATION_TESTS,
     ),
     Mutant(
         "call-ids-may-repeat",
         VALIDATION,
-        "seen.add(call_id)",
-        "seen.discard(call_id)",
+        'seen.add(call["id"])',
+        'seen.discard(call["id"])',
         VALIDATION_TESTS,
     ),
     Mutant(
         "call-id-unbounded",
-        VALIDATION,
-        "if not _is_text(call_id, MAX_ID_LENGTH):",
-        "if not _is_text(call_id):",
+        MESSAGE_SCHEMA,
+        '"id": ID,',
+        '"id": string(1),',
         VALIDATION_TESTS,
     ),
     Mutant(
         "extras-not-nullable",
-        VALIDATION,
-        "elif message[field] is not None and not isinstance(message[field], kind):",
-        "elif not isinstance(message[field], kind):",
+        MESSAGE_SCHEMA,
+        '"refusal": nullable(string()),',
+        '"refusal": string(),',
         VALIDATION_TESTS,
     ),
     # --- compaction: the commit's guards -------------------------------------------------
