@@ -1,0 +1,19 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class FactsConfig(AppConfig):
+    name = "ctxsum.facts"
+    label = "ctxsum_facts"
+    verbose_name = _("Key facts")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Join the core: the facts block of every context, and the key facts' part in
+        the compaction, rebuild, revert and redaction commits."""
+        from ctxsum.hooks import contribute_block, register_commit_hook
+        from ctxsum.services.fact_block import FACTS_BLOCK, facts_block
+        from ctxsum.services.fact_hooks import FactsHook
+
+        contribute_block(FACTS_BLOCK, facts_block)
+        register_commit_hook(FACTS_BLOCK, FactsHook())
