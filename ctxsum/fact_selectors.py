@@ -8,7 +8,8 @@ from typing import Any
 
 from django.db.models import F, QuerySet
 
-from ctxsum.models import FACT_ORDER, Conversation, Fact
+from ctxsum.facts.models import FACT_ORDER, Fact
+from ctxsum.models import Conversation
 from ctxsum.services.fact_block import facts_chosen, facts_visible
 
 

@@ -55,7 +55,8 @@ from typing import Any
 from django.db.models import Q
 
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import Conversation, Fact, FactChange, Message, Summary
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import LEADING_ROLES
 from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
 from ctxsum.services.fact_block import (

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from ctxsum.models import CompactionAttempt, Conversation, Fact, FactChange, Message, Summary
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get, current_prompt, summary_withheld
 from ctxsum.services import (

@@ -21,7 +21,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ctxsum.models import Conversation, Fact, Summary
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation, Summary
 from ctxsum.selectors import context_get
 from ctxsum.services import (
     conversation_compact,

@@ -19,7 +19,8 @@ from ctxsum import formatting
 from ctxsum.fact_lines import FACTS_HEADER, fact_line, fact_tokens
 from ctxsum.fact_parse import CUT_OFF, NO_FACTS_BLOCK, NOT_STRUCTURED, TOO_DEEP, ProposedFact
 from ctxsum.fact_selectors import conversation_facts
-from ctxsum.models import Conversation, Fact, FactChange, Summary
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.models import Conversation, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get
 from ctxsum.services import (

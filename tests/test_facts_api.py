@@ -13,7 +13,8 @@ from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
 from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS, fact_tokens
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 from ctxsum.services import conversation_create
 from ctxsum.services.fact_block import block_tokens, facts_chosen, facts_recount, facts_visible
 from tests.factories import compacted_conversation, turns

@@ -20,7 +20,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from ctxsum.fact_lines import fact_tokens
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 from ctxsum.selectors import context_get
 from ctxsum.services import conversation_create, fact_add, fact_hooks
 from ctxsum.services.fact_block import conversations_lock, facts_recount

@@ -11,7 +11,8 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ctxsum.fact_lines import fact_tokens
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 from ctxsum.services import (
     conversation_create,
     conversation_delete,

@@ -21,7 +21,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum import services
 from ctxsum.admin.base import ReviewMediaMixin, badge, conversation_link, short_time
 from ctxsum.admin.queries import page_of
-from ctxsum.models import Fact, FactChange
+from ctxsum.facts.models import Fact, FactChange
 
 if TYPE_CHECKING:
     FactModelAdmin = admin.ModelAdmin[Fact]
@@ -30,7 +30,7 @@ else:
 
 # A fact may come from many messages; the list and the pages link this many, then "…".
 SOURCE_LINKS = 10
-CHANGE_PERMISSION = "ctxsum.change_fact"
+CHANGE_PERMISSION = "ctxsum_facts.change_fact"
 
 
 @dataclass(frozen=True, kw_only=True)

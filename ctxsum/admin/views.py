@@ -30,7 +30,8 @@ from ctxsum.admin.rendering import (
     word_diff,
 )
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import Conversation, Fact, Message, Summary
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy, prompt_sha256
 
 M = TypeVar("M", bound=Model)

@@ -19,7 +19,8 @@ from ctxsum.api.serializers import (
     FactInputSerializer,
     FactOutputSerializer,
 )
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 
 SCOPE_NOTE = (
     "A conversation sees its own facts and, when it names a `subject`, that subject's: "

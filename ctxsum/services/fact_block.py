@@ -26,8 +26,9 @@ from django.db.models import Q, QuerySet
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.fact_lines import FACTS_HEADER, fact_line, fact_tokens
+from ctxsum.facts.models import FACT_ORDER, Fact
 from ctxsum.hooks import Block
-from ctxsum.models import FACT_ORDER, Conversation, Fact
+from ctxsum.models import Conversation
 
 FACTS_BLOCK = "facts"
 # What a recount changes on the conversation row.

@@ -41,7 +41,8 @@ from django.utils import timezone
 from ctxsum import fact_parse
 from ctxsum.fact_lines import one_line
 from ctxsum.fact_parse import ProposedFact
-from ctxsum.models import Conversation, Fact, FactChange, Summary
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.models import Conversation, Summary
 from ctxsum.services.fact_block import (
     block_order,
     block_tokens,

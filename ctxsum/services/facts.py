@@ -38,7 +38,8 @@ from django.utils.translation import gettext_lazy as _
 
 from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
 from ctxsum.fact_parse import normalize_key
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 from ctxsum.services.fact_block import conversations_lock, facts_recount, line_tokens
 from ctxsum.services.transactions import write_db
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
