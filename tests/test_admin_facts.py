@@ -14,11 +14,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from ctxsum.fact_lines import fact_tokens
+from ctxsum.facts.block import block_tokens, facts_chosen, facts_recount, facts_visible
+from ctxsum.facts.lines import fact_tokens
 from ctxsum.facts.models import Fact, FactChange
+from ctxsum.facts.services import fact_add
 from ctxsum.models import Conversation, Summary
-from ctxsum.services import conversation_create, fact_add
-from ctxsum.services.fact_block import block_tokens, facts_chosen, facts_recount, facts_visible
+from ctxsum.services import conversation_create
 from tests.factories import compacted_conversation, turns
 
 pytestmark = pytest.mark.django_db

@@ -10,11 +10,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from ctxsum.fact_lines import fact_tokens
+from ctxsum.facts.block import facts_recount
+from ctxsum.facts.lines import fact_tokens
 from ctxsum.facts.models import Fact
+from ctxsum.facts.services import fact_add
 from ctxsum.models import Conversation, Summary
-from ctxsum.services import fact_add
-from ctxsum.services.fact_block import facts_recount
 from tests.factories import compacted_conversation, turns
 from tests.support.browser import WAIT_SECONDS, chromium, local_url, log_in, needs_chromium
 

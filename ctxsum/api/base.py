@@ -39,7 +39,7 @@ from ctxsum.api.serializers import (
 )
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
-from ctxsum.services.facts import subject_problem
+from ctxsum.services.conversations import subject_problem
 from ctxsum.services.idempotency import Claim
 
 logger = logging.getLogger("ctxsum.api")

@@ -15,11 +15,12 @@ from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.api import schema
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
 from ctxsum.facts.models import Fact
+from ctxsum.facts.services import NOT_A_BOOLEAN
 from ctxsum.models import ChatTurn, Conversation, Message, Summary
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
-from ctxsum.services.facts import MAX_SUBJECT_CHARS, NOT_A_BOOLEAN
+from ctxsum.services.conversations import MAX_SUBJECT_CHARS
+from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS
 from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
 
 logger = logging.getLogger("ctxsum.api")

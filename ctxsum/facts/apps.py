@@ -11,9 +11,9 @@ class FactsConfig(AppConfig):
     def ready(self) -> None:
         """Join the core: the facts block of every context, and the key facts' part in
         the compaction, rebuild, revert and redaction commits."""
+        from ctxsum.facts.block import FACTS_BLOCK, facts_block
+        from ctxsum.facts.hooks import FactsHook
         from ctxsum.hooks import contribute_block, register_commit_hook
-        from ctxsum.services.fact_block import FACTS_BLOCK, facts_block
-        from ctxsum.services.fact_hooks import FactsHook
 
         contribute_block(FACTS_BLOCK, facts_block)
         register_commit_hook(FACTS_BLOCK, FactsHook())

@@ -17,7 +17,6 @@ from ctxsum.services.conversations import (
     fields_clean,
     policy_clean,
 )
-from ctxsum.services.facts import fact_add, fact_change, fact_delete
 from ctxsum.services.idempotency import (
     Answer,
     Claim,
@@ -55,9 +54,6 @@ __all__ = [
     "conversation_rebuild",
     "conversation_revert",
     "conversation_update",
-    "fact_add",
-    "fact_change",
-    "fact_delete",
     "file_import",
     "keys_expired_delete",
     "message_append",

@@ -3,12 +3,14 @@ types of Fact and FactChange under the core's label, "ctxsum", and with them the
 permissions granted on facts and the admin's log of them: they move to this app's label. A
 new database has none to move."""
 
+from typing import Any
+
 from django.db import migrations
 
 MODELS = ("fact", "factchange")
 
 
-def relabel(apps, schema_editor, *, old, new):
+def relabel(apps: Any, schema_editor: Any, *, old: str, new: str) -> None:
     try:
         content_type = apps.get_model("contenttypes", "ContentType")
     except LookupError:  # django.contrib.contenttypes is not installed
@@ -19,11 +21,11 @@ def relabel(apps, schema_editor, *, old, new):
             types.filter(app_label=old, model=model).update(app_label=new)
 
 
-def adopt(apps, schema_editor):
+def adopt(apps: Any, schema_editor: Any) -> None:
     relabel(apps, schema_editor, old="ctxsum", new="ctxsum_facts")
 
 
-def give_back(apps, schema_editor):
+def give_back(apps: Any, schema_editor: Any) -> None:
     relabel(apps, schema_editor, old="ctxsum_facts", new="ctxsum")
 
 

@@ -1,6 +1,6 @@
 """Key facts: the list (searched by key and value, filtered by pin, author and scope), each
 fact's source messages one click away, and the only writes staff make here, pinning,
-unpinning and deleting, through ``services.facts``. A fact's value is never edited in the
+unpinning and deleting, through ``ctxsum.facts.services``. A fact's value is never edited in the
 admin: the owner does that over REST."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum import services
 from ctxsum.admin.base import ReviewMediaMixin, badge, conversation_link, short_time
 from ctxsum.admin.queries import page_of
+from ctxsum.facts import services
 from ctxsum.facts.models import Fact, FactChange
 
 if TYPE_CHECKING:
