@@ -9,8 +9,7 @@ class FactsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Join the core: the facts block of every context, and the key facts' part in
-        the compaction, rebuild, revert and redaction commits."""
+        """Join the core: the facts block of every context, the facts in its commits."""
         from ctxsum.facts.block import FACTS_BLOCK, facts_block
         from ctxsum.facts.hooks import FactsHook
         from ctxsum.hooks import contribute_block, register_commit_hook

@@ -152,9 +152,8 @@ def conversations_lock(
 
 def facts_count(conversation: Conversation) -> int:
     """Tokens of the conversation's facts block as its facts stand now (one query)."""
-    model = conversation.model or None
-    shown = facts_chosen(list(facts_candidates(conversation)), model=model)
-    return block_tokens(shown, model=model)
+    block = facts_block(conversation)
+    return block.tokens if block is not None else 0
 
 
 def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> None:

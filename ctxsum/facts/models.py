@@ -1,9 +1,5 @@
-"""Key facts beside the summary: a conversation's own, or a subject's shared by the owner's
-conversations naming it, and the record of what each summary version changed of them.
-
-The tables keep the names they had when the models lived in the core app (``ctxsum_fact``,
-``ctxsum_factchange``): a database migrated before the move adopts them as they are.
-"""
+"""Key facts and what each summary version changed of them; their tables keep the names
+they had in the core app, so a database migrated before the move adopts them."""
 
 from __future__ import annotations
 
@@ -84,6 +80,9 @@ class Fact(models.Model):
     objects = FactQuerySet.as_manager()
 
     class Meta:
+        # Explicit: ctxsum.facts is inside the core's package, whose label Django would take
+        # when a core module imports this one in a project without the app.
+        app_label = "ctxsum_facts"
         db_table = "ctxsum_fact"
         ordering = list(FACT_ORDER)
         constraints = [
@@ -141,6 +140,7 @@ class FactChange(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        app_label = "ctxsum_facts"
         db_table = "ctxsum_factchange"
         ordering = ["-id"]
 

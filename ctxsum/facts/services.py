@@ -38,7 +38,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum.facts.block import conversations_lock, facts_recount, line_tokens
 from ctxsum.facts.models import Fact
 from ctxsum.models import Conversation
-from ctxsum.services.conversations import subject_problem
+from ctxsum.services.conversations import TOO_LONG, subject_problem
 from ctxsum.services.transactions import write_db
 from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS, normalize_key
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
@@ -52,7 +52,6 @@ logger = logging.getLogger("ctxsum.facts")
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
 BLANK = _("Must not be blank.")
-TOO_LONG = _("Must be at most {limit} characters.")
 NOT_ONE_LINE = _("Must be one line (no line breaks).")
 KEY_WITHOUT_WORD = _("Must contain a letter or a digit.")
 NOT_A_BOOLEAN = _("Must be true or false.")
