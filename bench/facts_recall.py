@@ -127,9 +127,9 @@ def measure(conversation: Any, summary: Any) -> tuple[int, dict[str, int], list[
     """Identifiers of the messages archived under ``summary`` and its predecessors, and how
     many each side holds; with the ones the facts missed."""
     from ctxsum import coverage
-    from ctxsum.fact_lines import fact_line
+    from ctxsum.facts.block import block_message, facts_chosen, facts_visible
+    from ctxsum.facts.lines import fact_line
     from ctxsum.models import Message
-    from ctxsum.services.fact_block import block_message, facts_chosen, facts_visible
 
     archived = Message.objects.filter(conversation=conversation, summary__isnull=False).order_by(
         "seq"

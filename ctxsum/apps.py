@@ -9,9 +9,3 @@ class CtxsumConfig(AppConfig):
 
     def ready(self) -> None:
         from ctxsum import checks  # noqa: F401  (registers the system checks)
-        from ctxsum.hooks import contribute_block, register_commit_hook
-        from ctxsum.services.fact_block import FACTS_BLOCK, facts_block
-        from ctxsum.services.fact_hooks import FactsHook
-
-        contribute_block(FACTS_BLOCK, facts_block)
-        register_commit_hook(FACTS_BLOCK, FactsHook())

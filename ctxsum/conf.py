@@ -70,7 +70,7 @@ DEFAULTS: dict[str, Any] = {
     "PROMPT_VERSION": "1",
     # The summary enters the context as a user message starting with this text.
     "SUMMARY_PREFIX": "Here is a summary of the conversation so far:",
-    # Key facts (ctxsum.models.Fact) enter the context as one user message after the
+    # Key facts (ctxsum.facts.models.Fact) enter the context as one user message after the
     # summary, pinned facts first, then the most recently confirmed, up to this many tokens
     # (0: no facts block). The trigger counts the block like any message.
     "FACTS_MAX_TOKENS": 500,

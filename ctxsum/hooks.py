@@ -9,9 +9,10 @@ replaces rather than repeats.
   the summary (the key facts block). ``selectors.context_get`` asks every contributor, in
   the order they registered; a compaction keeps each block as it is.
 - **Commits**: a ``CommitHook`` takes part in the core's commits (a compaction's or a
-  rebuild's summary, a revert, a redaction) inside their transactions: it locks what it
-  needs before the conversation's row, and changes its own rows once the core's are
-  changed (the key facts merged, undone, forgotten).
+  rebuild's summary, a revert, a redaction, a conversation created or changed) inside
+  their transactions: it locks what it needs before the conversation's row, and changes
+  its own rows once the core's are changed (the key facts merged, undone, forgotten,
+  recounted).
 """
 
 from __future__ import annotations
@@ -80,7 +81,16 @@ class MessageRedacted:
     seq: int
 
 
-Event = SummaryCommitted | SummaryReverted | MessageRedacted
+@dataclass(frozen=True, kw_only=True)
+class ConversationChanged:
+    """A conversation is created or updated: ``given``, the fields the caller sets (known
+    before the row lock); ``changed``, those whose value changed (known under it)."""
+
+    given: frozenset[str]
+    changed: frozenset[str] = frozenset()
+
+
+Event = SummaryCommitted | SummaryReverted | MessageRedacted | ConversationChanged
 
 
 class LockAgain(Exception):
@@ -99,7 +109,7 @@ class CommitHook:
     def concerns(self, conversation: Conversation, event: Event, *, db: str) -> bool:
         return False
 
-    def lock(self, conversation: Conversation, *, db: str) -> Any:
+    def lock(self, conversation: Conversation, *, db: str, event: Event | None = None) -> Any:
         return None
 
     def apply(self, event: Event, *, locked: Conversation, held: Any) -> None:
@@ -131,11 +141,13 @@ def concerned(conversation: Conversation, event: Event, *, db: str) -> frozenset
     return frozenset(name for name, hook in hooks if hook.concerns(conversation, event, db=db))
 
 
-def commit_lock(conversation: Conversation, names: frozenset[str], *, db: str) -> Held:
+def commit_lock(
+    conversation: Conversation, names: frozenset[str], *, db: str, event: Event | None = None
+) -> Held:
     """Inside the commit's transaction, before its row lock: the locks of the hooks
-    ``names``."""
+    ``names`` (told of ``event`` when their locks depend on it)."""
     hooks = [(name, hook) for name, hook in _commit_hooks.items() if name in names]
-    return Held(tuple((name, hook.lock(conversation, db=db)) for name, hook in hooks))
+    return Held(tuple((name, hook.lock(conversation, db=db, event=event)) for name, hook in hooks))
 
 
 def newly_concerned(locked: Conversation, event: Event, held: Held, *, db: str) -> bool:

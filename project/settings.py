@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     *(["django_tasks"] if django.VERSION < (6, 0) else []),
     "django_tasks_db",
     "ctxsum",
+    "ctxsum.facts",  # optional: key facts beside the summary
     # The example project's own commands: ctxsum_demo, ctxsum_api_docs.
     "project",
 ]

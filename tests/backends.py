@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ctxsum.fact_parse import ProposedFact
 from ctxsum.summarizers.base import Summarizer, SummaryAnswer
+from ctxsum.summarizers.facts import ProposedFact
 from ctxsum.summarizers.offline import OfflineSummarizer
 
 

@@ -55,10 +55,7 @@ from typing import Any
 from django.db.models import Q
 
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import Conversation, Fact, FactChange, Message, Summary
-from ctxsum.policy import LEADING_ROLES
-from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
-from ctxsum.services.fact_block import (
+from ctxsum.facts.block import (
     block_message,
     block_order,
     block_tokens,
@@ -66,6 +63,10 @@ from ctxsum.services.fact_block import (
     facts_chosen,
     facts_visible,
 )
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.models import Conversation, Message, Summary
+from ctxsum.policy import LEADING_ROLES
+from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
 from ctxsum.services.redaction import WITHHELD, WITHHELD_SHORTER, redacted
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -14,10 +14,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from ctxsum.fact_lines import fact_tokens
-from ctxsum.models import Conversation, Fact, FactChange, Summary
-from ctxsum.services import conversation_create, fact_add
-from ctxsum.services.fact_block import block_tokens, facts_chosen, facts_recount, facts_visible
+from ctxsum.facts.block import block_tokens, facts_chosen, facts_recount, facts_visible
+from ctxsum.facts.lines import fact_tokens
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.facts.services import fact_add
+from ctxsum.models import Conversation, Summary
+from ctxsum.services import conversation_create
 from tests import query_budgets as budget
 from tests.factories import compacted_conversation, turns
 
@@ -28,7 +30,8 @@ SCRIPT = "<script>alert('fact')</script>"
 
 
 def url(name: str, *args) -> str:
-    return reverse(f"admin:ctxsum_{name}", args=args)
+    app = "ctxsum_facts" if name.startswith("fact_") else "ctxsum"
+    return reverse(f"admin:{app}_{name}", args=args)
 
 
 def page(client: Client, address: str, status: int = 200) -> str:

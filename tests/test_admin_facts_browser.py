@@ -10,10 +10,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from ctxsum.fact_lines import fact_tokens
-from ctxsum.models import Conversation, Fact, Summary
-from ctxsum.services import fact_add
-from ctxsum.services.fact_block import facts_recount
+from ctxsum.facts.block import facts_recount
+from ctxsum.facts.lines import fact_tokens
+from ctxsum.facts.models import Fact
+from ctxsum.facts.services import fact_add
+from ctxsum.models import Conversation, Summary
 from tests.factories import compacted_conversation, turns
 from tests.support.browser import WAIT_SECONDS, chromium, local_url, log_in, needs_chromium
 
@@ -80,7 +81,7 @@ def test_facts_on_the_review_page_and_the_pin_action(
     wait.until(expected_conditions.url_contains("?page=2#m55"))
     assert wait.until(expected_conditions.visibility_of_element_located((By.ID, "m55")))
 
-    browser.get(base + reverse("admin:ctxsum_fact_changelist"))
+    browser.get(base + reverse("admin:ctxsum_facts_fact_changelist"))
     name = Fact.objects.get(key="name")
     checkbox = f"input[name='_selected_action'][value='{name.pk}']"
     browser.find_element(By.CSS_SELECTOR, checkbox).click()

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from ctxsum.fact_lines import FACTS_HEADER
+from ctxsum.facts.block import block_tokens, facts_chosen
+from ctxsum.facts.lines import FACTS_HEADER
+from ctxsum.facts.services import fact_add
 from ctxsum.models import Summary
 from ctxsum.selectors import context_get, current_prompt, stale_summaries
-from ctxsum.services import conversation_create, fact_add, message_redact
-from ctxsum.services.fact_block import block_tokens, facts_chosen
+from ctxsum.services import conversation_create, message_redact
 from ctxsum.tokens import count_message
 from tests.factories import compact, long_user_message, turns
 

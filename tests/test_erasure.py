@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from ctxsum.models import CompactionAttempt, Conversation, Fact, FactChange, Message, Summary
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get, current_prompt, summary_withheld
 from ctxsum.services import (
@@ -370,7 +371,7 @@ def test_a_redaction_during_a_revert_of_a_withheld_version_keeps_the_counters(
 ):
     """v2 is already withheld; a redaction of what v1 covers lands after the revert read
     its versions: the revert restores v1 as it is under the lock, not as it was read."""
-    from ctxsum.services import fact_hooks
+    from ctxsum.facts import hooks as fact_hooks
 
     conversation = booked_and_grown(user)
     assert conversation_compact(conversation=fresh(conversation), force=True).compacted

@@ -21,7 +21,9 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ctxsum.models import Conversation, Fact, Summary
+from ctxsum.facts.models import Fact
+from ctxsum.facts.services import fact_add, fact_change, fact_delete
+from ctxsum.models import Conversation, Summary
 from ctxsum.selectors import context_get
 from ctxsum.services import (
     conversation_compact,
@@ -31,7 +33,6 @@ from ctxsum.services import (
     message_append,
     message_redact,
 )
-from ctxsum.services.facts import fact_add, fact_change, fact_delete
 from tests.backends import OfflineHookSummarizer
 from tests.factories import tool_call, tool_result
 from tests.invariants import assert_context_invariants

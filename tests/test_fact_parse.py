@@ -1,4 +1,4 @@
-"""ctxsum.fact_parse: splitting a summarizer's answer into its summary and key facts, and
+"""ctxsum.summarizers.facts: splitting a summarizer's answer into its summary and key facts, and
 keeping only the facts that can be trusted. Pure: no database."""
 
 from __future__ import annotations
@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from ctxsum import fact_parse
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
-from ctxsum.fact_parse import ProposedFact
+from ctxsum.summarizers import facts as fact_parse
+from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS, ProposedFact
 
 FACT = {"key": "order_id", "value": "AI-101", "source_seqs": [3]}
 # JSON nested deeper than Python's parser recurses (it raises RecursionError).

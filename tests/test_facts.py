@@ -16,10 +16,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ctxsum import formatting
-from ctxsum.fact_lines import FACTS_HEADER, fact_line, fact_tokens
-from ctxsum.fact_parse import CUT_OFF, NO_FACTS_BLOCK, NOT_STRUCTURED, TOO_DEEP, ProposedFact
-from ctxsum.fact_selectors import conversation_facts
-from ctxsum.models import Conversation, Fact, FactChange, Summary
+from ctxsum.facts import merge as fact_merge
+from ctxsum.facts.block import block_message, block_tokens, candidates_limit, conversations_lock
+from ctxsum.facts.block import facts_recount as block_recount
+from ctxsum.facts.lines import FACTS_HEADER, fact_line, fact_tokens
+from ctxsum.facts.merge import CROWDED, SUBJECT_CHANGED
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.facts.selectors import conversation_facts
+from ctxsum.facts.services import fact_add
+from ctxsum.models import Conversation, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get
 from ctxsum.services import (
@@ -29,22 +34,13 @@ from ctxsum.services import (
     conversation_rebuild,
     conversation_revert,
     conversation_update,
-    fact_add,
-    fact_merge,
     message_append,
     message_redact,
 )
 from ctxsum.services.autocompact import compaction_due, over_ceiling
-from ctxsum.services.fact_block import (
-    block_message,
-    block_tokens,
-    candidates_limit,
-    conversations_lock,
-)
-from ctxsum.services.fact_block import facts_recount as block_recount
-from ctxsum.services.fact_merge import CROWDED, SUBJECT_CHANGED
 from ctxsum.services.summaries import summary_prompt
 from ctxsum.summarizers.base import NO_FACTS
+from ctxsum.summarizers.facts import CUT_OFF, NO_FACTS_BLOCK, NOT_STRUCTURED, TOO_DEEP, ProposedFact
 from ctxsum.summarizers.offline import OfflineSummarizer
 from ctxsum.summarizers.openai import (
     E_BAD_OPTION,

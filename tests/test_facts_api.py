@@ -12,10 +12,12 @@ from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS, fact_tokens
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts.block import block_tokens, facts_chosen, facts_recount, facts_visible
+from ctxsum.facts.lines import fact_tokens
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 from ctxsum.services import conversation_create
-from ctxsum.services.fact_block import block_tokens, facts_chosen, facts_recount, facts_visible
+from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS
 from tests import query_budgets as budget
 from tests.factories import compacted_conversation, turns
 from tests.support.urls import api_url

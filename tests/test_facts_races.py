@@ -19,11 +19,14 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from ctxsum.fact_lines import fact_tokens
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts import hooks as fact_hooks
+from ctxsum.facts.block import conversations_lock, facts_recount
+from ctxsum.facts.lines import fact_tokens
+from ctxsum.facts.models import Fact
+from ctxsum.facts.services import fact_add
+from ctxsum.models import Conversation
 from ctxsum.selectors import context_get
-from ctxsum.services import conversation_create, fact_add, fact_hooks
-from ctxsum.services.fact_block import conversations_lock, facts_recount
+from ctxsum.services import conversation_create
 from tests.factories import assistant_message, long_user_message
 from tests.invariants import assert_context_invariants
 from tests.postgres import POSTGRES, blocked, compact_held, held_openai, start, wait_until

@@ -1,4 +1,4 @@
-"""A person's writes to key facts (ctxsum.services.facts): what they store, the errors that
+"""A person's writes to key facts (ctxsum.facts.services): what they store, the errors that
 name the field, the counters and revision of every conversation showing the fact, the lock
 order, and on PostgreSQL the race between a subject's fact and a conversation starting to
 name that subject."""
@@ -10,18 +10,13 @@ from django.core.exceptions import ValidationError
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from ctxsum.fact_lines import fact_tokens
-from ctxsum.models import Conversation, Fact
-from ctxsum.services import (
-    conversation_create,
-    conversation_delete,
-    conversation_update,
-    fact_add,
-    fact_change,
-    fact_delete,
-)
-from ctxsum.services.fact_block import block_tokens, facts_chosen, facts_visible
-from ctxsum.services.facts import subject_problem
+from ctxsum.facts.block import block_tokens, facts_chosen, facts_visible
+from ctxsum.facts.lines import fact_tokens
+from ctxsum.facts.models import Fact
+from ctxsum.facts.services import fact_add, fact_change, fact_delete
+from ctxsum.models import Conversation
+from ctxsum.services import conversation_create, conversation_delete, conversation_update
+from ctxsum.services.conversations import subject_problem
 from tests import query_budgets as budget
 from tests.factories import turns
 from tests.postgres import POSTGRES, blocked, start, wait_until

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.core.exceptions import ValidationError
 
-from ctxsum.fact_lines import FACTS_HEADER
+from ctxsum.facts.lines import FACTS_HEADER
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get

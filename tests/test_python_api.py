@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ctxsum import selectors, services
+from ctxsum.facts import services as fact_services
 from ctxsum.models import Conversation
 from tests import query_budgets as budget
 from tests.factories import OFFLINE_SUMMARIZER, turns
@@ -32,6 +33,22 @@ def documented() -> tuple[set[str], set[str]]:
         writes |= set(re.findall(r"`([a-z_]+)`", left))
         reads |= set(re.findall(r"`([A-Za-z_]+)`", right))
     return writes, reads
+
+
+def documented_facts() -> set[str]:
+    """The writes the README names under the table, for the optional app ctxsum.facts."""
+    section = README.read_text(encoding="utf-8").split("### The Python API", 1)[1]
+    line = section[section.index("`ctxsum.facts.services` adds") :].split("\n\n", 1)[0]
+    return set(re.findall(r"`([a-z_]+)`", line.split(":", 1)[1]))
+
+
+def test_the_facts_app_exports_what_the_readme_documents():
+    writes = documented_facts()
+    assert writes == set(fact_services.__all__) == {"fact_add", "fact_change", "fact_delete"}
+    assert not writes & set(services.__all__)
+    for name in writes:
+        parameters = inspect.signature(getattr(fact_services, name)).parameters.values()
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters), name
 
 
 def test_the_packages_export_what_the_readme_documents():

@@ -1,14 +1,13 @@
 """The admin: a review workbench for conversations and their summaries.
 
 Messages, summaries, attempts and chat turns are read-only; a conversation is edited through
-``conversation_update`` and deleted through ``conversation_delete``; a key fact is pinned,
-unpinned or deleted through ``services.facts``, never edited; every action calls a service.
-Importing this package registers the model admins with the default site.
+``conversation_update`` and deleted through ``conversation_delete``; every action calls a
+service. Importing this package registers the model admins with the default site (the key
+facts' admin is the ``ctxsum.facts`` app's own).
 """
 
 from ctxsum.admin.attempts import CompactionAttemptAdmin
 from ctxsum.admin.conversations import ConversationAdmin
-from ctxsum.admin.facts import FactAdmin
 from ctxsum.admin.messages import MessageAdmin
 from ctxsum.admin.summaries import SummaryAdmin
 from ctxsum.admin.turns import ChatTurnAdmin
@@ -17,7 +16,6 @@ __all__ = [
     "ChatTurnAdmin",
     "CompactionAttemptAdmin",
     "ConversationAdmin",
-    "FactAdmin",
     "MessageAdmin",
     "SummaryAdmin",
 ]

@@ -27,7 +27,8 @@ from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
 from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin
 from ctxsum.admin.forms import ConversationForm
-from ctxsum.models import CompactionAttempt, Conversation, Fact, Message, Summary
+from ctxsum.facts.models import Fact
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy
 
 COMPACT_ALL = "manage.py ctxsum_compact --all --force"

@@ -20,7 +20,8 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest
 
-from ctxsum.models import CompactionAttempt, Conversation, FactChange, Message, Summary
+from ctxsum.facts.models import FactChange
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 
 PAGE_SIZE = 50
 # How many of the active context's newest messages the review page shows in full.

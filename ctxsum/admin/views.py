@@ -20,9 +20,8 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext
 
-from ctxsum import fact_selectors, services
+from ctxsum import services
 from ctxsum.admin import queries
-from ctxsum.admin.facts import fact_row
 from ctxsum.admin.rendering import (
     message_views,
     stale_reasons,
@@ -30,7 +29,10 @@ from ctxsum.admin.rendering import (
     word_diff,
 )
 from ctxsum.conf import ctxsum_settings
-from ctxsum.models import Conversation, Fact, Message, Summary
+from ctxsum.facts import selectors as fact_selectors
+from ctxsum.facts.admin import fact_row
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy, prompt_sha256
 
 M = TypeVar("M", bound=Model)

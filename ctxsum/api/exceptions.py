@@ -19,7 +19,8 @@ from ctxsum.exceptions import (
     TooLarge,
     TurnInProgress,
 )
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 from ctxsum.policy import Reason, failure_reason
 
 logger = logging.getLogger("ctxsum.api")

@@ -9,7 +9,6 @@ from rest_framework import exceptions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ctxsum import fact_selectors, services
 from ctxsum.api import schema
 from ctxsum.api.base import CtxsumView, fact_id_from_path, subject_from_path
 from ctxsum.api.exceptions import FACT_NOT_FOUND
@@ -19,7 +18,10 @@ from ctxsum.api.serializers import (
     FactInputSerializer,
     FactOutputSerializer,
 )
-from ctxsum.models import Conversation, Fact
+from ctxsum.facts import selectors as fact_selectors
+from ctxsum.facts import services
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
 
 SCOPE_NOTE = (
     "A conversation sees its own facts and, when it names a `subject`, that subject's: "

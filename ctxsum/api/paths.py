@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar
 
-from ctxsum.services.facts import subject_problem
+from ctxsum.services import subject_problem
 
 
 class Segment:
@@ -67,7 +67,7 @@ class FactId(Number):
 
 class Subject(Segment):
     """Decoded from its percent-encoding; what the pattern cannot state is in words (and in
-    ``services.facts.subject_problem``)."""
+    ``services.subject_problem``)."""
 
     canonical = "[^/\\u0000-\\u001f\\u007f-\\u009f]{1,200}"
     description = (

@@ -15,10 +15,12 @@ from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.api import schema
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
-from ctxsum.models import ChatTurn, Conversation, Fact, Message, Summary
+from ctxsum.facts.models import Fact
+from ctxsum.facts.services import NOT_A_BOOLEAN
+from ctxsum.models import ChatTurn, Conversation, Message, Summary
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
-from ctxsum.services.facts import MAX_SUBJECT_CHARS, NOT_A_BOOLEAN
+from ctxsum.services import MAX_SUBJECT_CHARS
+from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS
 from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
 
 logger = logging.getLogger("ctxsum.api")
@@ -30,7 +32,7 @@ READ_AFTER_WRITE_FAILED = (
     "Conversation %s: its write committed, but %s could not be read for the answer; "
     "answered without it (null)."
 )
-# The service's words for the same rule (ctxsum.services.facts.TOO_LONG), in DRF's template.
+# The service's words for the same rule (ctxsum.services.conversations.TOO_LONG), in DRF's template.
 MAX_CHARACTERS = _("Must be at most {max_length} characters.")
 
 

@@ -10,14 +10,15 @@ from ctxsum.services.autocompact import conversation_compact_queued
 from ctxsum.services.chat import ChatResult, ChatStream, chat_turn
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import (
+    MAX_SUBJECT_CHARS,
     POLICY_FIELDS,
     conversation_create,
     conversation_delete,
     conversation_update,
     fields_clean,
     policy_clean,
+    subject_problem,
 )
-from ctxsum.services.facts import fact_add, fact_change, fact_delete
 from ctxsum.services.idempotency import (
     Answer,
     Claim,
@@ -55,9 +56,6 @@ __all__ = [
     "conversation_rebuild",
     "conversation_revert",
     "conversation_update",
-    "fact_add",
-    "fact_change",
-    "fact_delete",
     "file_import",
     "keys_expired_delete",
     "message_append",
@@ -66,6 +64,7 @@ __all__ = [
 ]
 # For the REST layer, the admin and the commands.
 __all__ += [
+    "MAX_SUBJECT_CHARS",
     "POLICY_FIELDS",
     "REASONS_SHOWN",
     "WITHHELD",
@@ -87,4 +86,5 @@ __all__ += [
     "policy_clean",
     "record_import",
     "record_parse",
+    "subject_problem",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum import policy as policy_rules
+from ctxsum.hooks import ConversationChanged, commit_apply, commit_lock, concerned
 from ctxsum.models import Conversation, Message
 from ctxsum.selectors import effective_policy
 from ctxsum.services.autocompact import (
@@ -19,8 +21,6 @@ from ctxsum.services.autocompact import (
     autocompact_schedule,
     conversation_autocompact,
 )
-from ctxsum.services.fact_block import facts_recount
-from ctxsum.services.facts import owner_lock, subject_problem
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
@@ -29,6 +29,10 @@ NOT_AN_OBJECT = _("Must be an object.")
 TOO_LONG = _("Must be at most {limit} characters.")
 SYSTEM_AND_LEADING = _("Give the system prompt either as `system` or as a leading system message.")
 POLICY_FIELDS = ("trigger", "keep", "max_context_tokens")
+MAX_SUBJECT_CHARS = 200
+SUBJECT_SPACES = _("Must not start or end with whitespace.")
+SUBJECT_CHARACTERS = _("Must not contain a slash or a control character.")
+SUBJECT_DOTS = _("Must not be “.” or “..”.")
 
 
 def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> None:
@@ -39,6 +43,26 @@ def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> 
         policy_rules.parse_policy(**values)
     except policy_rules.PolicyError as error:
         raise ValidationError({error.field: [str(error)]}) from error
+
+
+def subject_problem(subject: Any) -> str | None:
+    """Why ``subject`` cannot name a subject, or None. A subject is a name in the owner's
+    terms (a customer id, say) that appears in URLs as one path segment: up to 200
+    characters, no slash and no control character, no whitespace at either end, not ``.``
+    or ``..`` (which clients resolve away in a URL). Blank means no subject."""
+    if not isinstance(subject, str):
+        return str(NOT_A_STRING)
+    if problem := unstorable(subject):
+        return problem
+    if len(subject) > MAX_SUBJECT_CHARS:
+        return TOO_LONG.format(limit=MAX_SUBJECT_CHARS)
+    if subject != subject.strip():
+        return str(SUBJECT_SPACES)
+    if any(char == "/" or unicodedata.category(char) == "Cc" for char in subject):
+        return str(SUBJECT_CHARACTERS)
+    if subject in (".", ".."):
+        return str(SUBJECT_DOTS)
+    return None
 
 
 def fields_clean(**fields: Any) -> None:
@@ -125,15 +149,17 @@ def conversation_create(
     counts = messages_count(conversation, leading + cleaned)
     db = write_db(conversation)
     schedule = Schedule.OFF
+    # A subject names facts an app shows (ctxsum.facts): it locks what it needs first and
+    # counts its block (toward the trigger, like any message) once the messages are in.
+    fields = frozenset({"subject"} if subject else ())
+    named = ConversationChanged(given=fields, changed=fields)
+    hooks = concerned(conversation, named, db=db)
     with transaction.atomic(using=db):
-        if subject:
-            owner_lock(db=db, owner_id=conversation.owner_id)
+        held = commit_lock(conversation, hooks, db=db, event=named)
         conversation.save(using=db)
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
-        if subject:
-            # The subject's facts block counts toward the trigger like any message.
-            facts_recount([conversation])
+        commit_apply(held, named, locked=conversation)
         # First messages are an append too: AUTO_COMPACT applies once they have committed.
         if cleaned:
             schedule = autocompact_schedule(conversation)
@@ -204,10 +230,11 @@ def conversation_update(
         if isinstance(value, Mapping):
             given[name] = _copy(value)
     db = write_db(conversation)
+    event = ConversationChanged(given=frozenset(given))
+    hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
-        if "subject" in given:
-            # Subjects and subject facts change one at a time per owner (services/facts.py).
-            owner_lock(db=db, owner_id=conversation.owner_id)
+        # An app's locks first (ctxsum.facts: the owner's row, when the subject is given).
+        held = commit_lock(conversation, hooks, db=db, event=event)
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
         if any(name in given for name in POLICY_FIELDS):
             # Checked against the locked row: a concurrent change of another part of the
@@ -217,12 +244,13 @@ def conversation_update(
         for name in changed:
             setattr(locked, name, given[name])
         revision = locked.revision
-        # _replace_system and facts_recount save the counters and move revision themselves.
+        # _replace_system and the hooks save the counters and move revision themselves.
         if system is not UNSET:
             _replace_system(locked, system)
-        if "subject" in changed or "model" in changed:
-            # Which facts the block shows, or the encoding that counts it, changed.
-            facts_recount([locked])
+        # ctxsum.facts recounts the facts block when the subject or the model changed.
+        commit_apply(
+            held, ConversationChanged(given=event.given, changed=frozenset(changed)), locked=locked
+        )
         if changed:
             locked.revision += int(locked.revision == revision)
             locked.save(update_fields=[*changed, "revision", "updated_at"])

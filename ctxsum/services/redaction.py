@@ -9,7 +9,7 @@ the active one, the context shows the notice at once, smaller than the summary w
 rebuild from the redacted originals is enqueued when the redaction commits
 (services/rebuild.py); a compaction or rebuild that read the message before it was redacted
 cannot commit (invariant f, docs/architecture.md). What the key facts hold of the message
-goes too (services/fact_merge.py): the model's facts taken from it, their values before in
+goes too (ctxsum.facts.merge): the model's facts taken from it, their values before in
 the record a revert restores from, the proposals of the versions covering it.
 """
 

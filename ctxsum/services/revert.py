@@ -4,7 +4,7 @@ before that summary was written, plus whatever was appended since.
 The version it extended (or none) is the active summary again; the messages it archived
 are active again, whole tool rounds as they were archived; the counters and ``revision``
 move; the reverted version stays in the history, marked ``reverted``, and archives
-nothing; the key facts it wrote are undone (services/fact_merge.py). Reverting a rebuild
+nothing; the key facts it wrote are undone (ctxsum.facts.merge). Reverting a rebuild
 makes the version it superseded active again and restores no message (a rebuild archives
 none). Reverting again walks back one more version.
 

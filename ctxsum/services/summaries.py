@@ -2,7 +2,7 @@
 
 No database writes here: the summarizer is called outside every transaction, and the
 compaction (services/compaction.py) commits what it wrote, with the key facts the same calls
-proposed (merged by services/fact_merge.py).
+proposed (merged by ctxsum.facts.merge).
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from dataclasses import dataclass
 
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum import coverage, fact_parse, formatting, tokens
+from ctxsum import coverage, formatting, tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
-from ctxsum.fact_parse import ProposedFact
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import summary_message
+from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers import get_summarizer
 from ctxsum.summarizers.base import BLANK_SUMMARY
+from ctxsum.summarizers.facts import ProposedFact
 
 # Room kept in every summarizer call for the summary so far and the instruction's framing.
 MIN_CHUNK_BUDGET = 256

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from django.core import checks
 
 from ctxsum.exceptions import SummarizerError
-from ctxsum.fact_parse import ProposedFact
+from ctxsum.summarizers.facts import ProposedFact
 
 BLANK_SUMMARY = "The summarizer returned a blank summary."
 BLANK_INPUT = "There is no history to summarize."
@@ -31,7 +31,7 @@ UNKNOWN_OPTIONS = "Unknown SUMMARIZER_OPTIONS for {backend}: {names}."
 @dataclass(frozen=True, kw_only=True)
 class SummaryAnswer:
     """One call's answer: the summary (stripped), the key facts it proposed (not checked
-    against the history yet: ``ctxsum.fact_parse.facts_checked``), and why facts were
+    against the history yet: ``ctxsum.summarizers.facts.facts_checked``), and why facts were
     skipped, in words (an unparseable block, a backend without facts…)."""
 
     summary: str

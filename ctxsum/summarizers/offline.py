@@ -16,9 +16,8 @@ from typing import ClassVar
 
 from ctxsum import coverage
 from ctxsum.exceptions import SummarizerError
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
-from ctxsum.fact_parse import MAX_FACTS, ProposedFact
 from ctxsum.summarizers.base import BLANK_INPUT, Summarizer, SummaryAnswer
+from ctxsum.summarizers.facts import MAX_FACTS, MAX_KEY_CHARS, MAX_VALUE_CHARS, ProposedFact
 from ctxsum.tokens import count_text, encoding_for
 
 MAX_SENTENCE_CHARS = 300

@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import openai
 from django.core import checks
 
-from ctxsum import fact_parse
 from ctxsum.exceptions import SummarizerError, SummaryTruncated
+from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer, SummaryAnswer
 
 OPTIONS = frozenset(

@@ -52,7 +52,7 @@ COMPACTION = "ctxsum/services/compaction.py"
 LEASES = "ctxsum/services/leases.py"
 ROW_LEASE = "ctxsum/services/row_lease.py"
 REDACTION = "ctxsum/services/redaction.py"
-FACT_BLOCK = "ctxsum/services/fact_block.py"
+FACT_BLOCK = "ctxsum/facts/block.py"
 REBUILD = "ctxsum/services/rebuild.py"
 
 POLICY_TESTS = ("tests/test_policy.py",)

@@ -1,6 +1,6 @@
 """Key facts: the list (searched by key and value, filtered by pin, author and scope), each
 fact's source messages one click away, and the only writes staff make here, pinning,
-unpinning and deleting, through ``services.facts``. A fact's value is never edited in the
+unpinning and deleting, through ``ctxsum.facts.services``. A fact's value is never edited in the
 admin: the owner does that over REST."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum import services
 from ctxsum.admin.base import ReviewMediaMixin, badge, conversation_link, short_time
 from ctxsum.admin.queries import page_of
-from ctxsum.models import Fact, FactChange
+from ctxsum.facts import services
+from ctxsum.facts.models import Fact, FactChange
 
 if TYPE_CHECKING:
     FactModelAdmin = admin.ModelAdmin[Fact]
@@ -30,7 +30,7 @@ else:
 
 # A fact may come from many messages; the list and the pages link this many, then "…".
 SOURCE_LINKS = 10
-CHANGE_PERMISSION = "ctxsum.change_fact"
+CHANGE_PERMISSION = "ctxsum_facts.change_fact"
 
 
 @dataclass(frozen=True, kw_only=True)

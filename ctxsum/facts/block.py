@@ -1,14 +1,14 @@
 """The facts block of a context: which facts it shows, and keeping its token count in the
 conversation's counters whenever facts change.
 
-The block is one user message after the summary (``ctxsum.fact_lines``): a conversation's
+The block is one user message after the summary (``ctxsum.facts.lines``): a conversation's
 own facts and its subject's, in ``FACT_ORDER`` (pinned first, then the most recently
 confirmed), as many as ``FACTS_MAX_TOKENS`` allows. Its tokens are part of
 ``Conversation.active_tokens``, so the trigger counts it like any message;
 ``Conversation.facts_tokens`` remembers its share.
 
 Lock order (docs/architecture.md, "Key facts"): the owner's user row first, FOR NO KEY
-UPDATE (``services.facts.owner_lock``: a person's write of a subject's fact, a conversation
+UPDATE (``facts.services.owner_lock``: a person's write of a subject's fact, a conversation
 taking or leaving a subject), then the conversations that show the facts being changed, in
 primary-key order (``conversations_lock``), then a fact's own row. Each step is optional,
 none is taken out of this order, so no two writers of facts wait on each other in a cycle.
@@ -25,9 +25,10 @@ from django.db.models import Q, QuerySet
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
-from ctxsum.fact_lines import FACTS_HEADER, fact_line, fact_tokens
+from ctxsum.facts.lines import FACTS_HEADER, fact_line, fact_tokens
+from ctxsum.facts.models import FACT_ORDER, Fact
 from ctxsum.hooks import Block
-from ctxsum.models import FACT_ORDER, Conversation, Fact
+from ctxsum.models import Conversation
 
 FACTS_BLOCK = "facts"
 # What a recount changes on the conversation row.
@@ -151,9 +152,8 @@ def conversations_lock(
 
 def facts_count(conversation: Conversation) -> int:
     """Tokens of the conversation's facts block as its facts stand now (one query)."""
-    model = conversation.model or None
-    shown = facts_chosen(list(facts_candidates(conversation)), model=model)
-    return block_tokens(shown, model=model)
+    block = facts_block(conversation)
+    return block.tokens if block is not None else 0
 
 
 def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> None:

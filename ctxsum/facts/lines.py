@@ -1,24 +1,18 @@
 """Pure: how one key fact reads in the context's facts block, and what its line costs.
 
 Shared by the summarizer's merge, a person's edits and the context read. A fact's stored
-``token_count`` is its line counted with one encoding (``fact_block.line_tokens`` says
-which); the block as a whole is counted exactly with its conversation's.
+``token_count`` is its line counted with one encoding (``block.line_tokens`` says which);
+the block as a whole is counted exactly with its conversation's. The limits of a key and a
+value, and ``one_line``, are the summarizer's (``ctxsum.summarizers.facts``).
 """
 
 from __future__ import annotations
 
 from ctxsum import tokens
+from ctxsum.summarizers.facts import one_line
 
 # The facts block is one user message: this header, then one line per fact.
 FACTS_HEADER = "Key facts (kept beside the summary; pinned first):"
-MAX_KEY_CHARS = 200
-MAX_VALUE_CHARS = 2000
-
-
-def one_line(text: str) -> str:
-    """``text`` on one line with single spaces: how the block shows a value (a newline in
-    it cannot pass for another fact's line), and what two values are compared by."""
-    return " ".join(text.split())
 
 
 def fact_line(key: str, value: str) -> str:

@@ -1,8 +1,8 @@
 """A person's writes to key facts: adding one, changing its value, key or pin, deleting it.
 
-The summarizer writes facts during compaction (services/fact_merge.py); these are the
+The summarizer writes facts during compaction (``ctxsum.facts.merge``); these are the
 writes of a person, over REST or in the admin. Each is one transaction that follows the
-facts block's lock order (services/fact_block.py): for a subject's fact the owner's user
+facts block's lock order (``ctxsum.facts.block``): for a subject's fact the owner's user
 row first (FOR NO KEY UPDATE, ``owner_lock``), then the conversations that show the fact in
 primary-key order, then the fact's row. Under those locks it writes, recounts each
 conversation's facts block (``facts_recount``: ``facts_tokens``, ``active_tokens``) and
@@ -27,7 +27,6 @@ per owner.
 from __future__ import annotations
 
 import logging
-import unicodedata
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -36,27 +35,26 @@ from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS
-from ctxsum.fact_parse import normalize_key
-from ctxsum.models import Conversation, Fact
-from ctxsum.services.fact_block import conversations_lock, facts_recount, line_tokens
+from ctxsum.facts.block import conversations_lock, facts_recount, line_tokens
+from ctxsum.facts.models import Fact
+from ctxsum.models import Conversation
+from ctxsum.services.conversations import TOO_LONG, subject_problem
 from ctxsum.services.transactions import write_db
+from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS, normalize_key
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
+
+# The Python API of key facts (README, "The Python API").
+__all__ = ["fact_add", "fact_change", "fact_delete"]
 
 logger = logging.getLogger("ctxsum.facts")
 
-MAX_SUBJECT_CHARS = 200
 # What str.splitlines() breaks a line at: a key is one line of the facts block.
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
 BLANK = _("Must not be blank.")
-TOO_LONG = _("Must be at most {limit} characters.")
 NOT_ONE_LINE = _("Must be one line (no line breaks).")
 KEY_WITHOUT_WORD = _("Must contain a letter or a digit.")
 NOT_A_BOOLEAN = _("Must be true or false.")
-SUBJECT_SPACES = _("Must not start or end with whitespace.")
-SUBJECT_CHARACTERS = _("Must not contain a slash or a control character.")
-SUBJECT_DOTS = _("Must not be “.” or “..”.")
 SUBJECT_REQUIRED = _("A fact belongs to a conversation or to a subject: give one.")
 SUBJECT_AND_CONVERSATION = _(
     "A fact belongs to a conversation or to a subject, not both: a conversation's fact has "
@@ -84,26 +82,6 @@ CHANGED_FIELDS = (
 # --------------------------------------------------------------------------- validation
 
 
-def subject_problem(subject: Any) -> str | None:
-    """Why ``subject`` cannot name a subject, or None. A subject is a name in the owner's
-    terms (a customer id, say) that appears in URLs as one path segment: up to 200
-    characters, no slash and no control character, no whitespace at either end, not ``.``
-    or ``..`` (which clients resolve away in a URL). Blank means no subject."""
-    if not isinstance(subject, str):
-        return str(NOT_A_STRING)
-    if problem := unstorable(subject):
-        return problem
-    if len(subject) > MAX_SUBJECT_CHARS:
-        return TOO_LONG.format(limit=MAX_SUBJECT_CHARS)
-    if subject != subject.strip():
-        return str(SUBJECT_SPACES)
-    if any(char == "/" or unicodedata.category(char) == "Cc" for char in subject):
-        return str(SUBJECT_CHARACTERS)
-    if subject in (".", ".."):
-        return str(SUBJECT_DOTS)
-    return None
-
-
 def _text(value: Any, *, limit: int, one_line: bool) -> tuple[str, str | None]:
     """``value`` stripped, and what is wrong with it (or None)."""
     if not isinstance(value, str):
@@ -121,7 +99,7 @@ def _text(value: Any, *, limit: int, one_line: bool) -> tuple[str, str | None]:
 
 
 def _key(value: Any) -> tuple[str, str | None]:
-    """``value`` as a key, normalized like the summarizer's (``fact_parse.normalize_key``),
+    """``value`` as a key, normalized like the summarizer's (``summarizers.facts.normalize_key``),
     and what is wrong with it (or None)."""
     text, problem = _text(value, limit=MAX_KEY_CHARS, one_line=True)
     if problem:

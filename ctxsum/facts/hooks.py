@@ -1,9 +1,12 @@
 """Key facts in the core's commits (``ctxsum.hooks``): a summary's facts merged, a reverted
-version's undone, a redacted message's taken back, each inside the commit's transaction.
+version's undone, a redacted message's taken back, a conversation's facts block recounted
+when its subject or model changes, each inside the commit's transaction.
 
 A commit that changes facts first locks the conversations that show them (``facts_lock``:
 a subject's, in primary-key order), then its own row; one that changes none (a summary
 without facts, a version that wrote none, a message no fact cites) locks its own row only.
+A conversation given a subject locks its owner's row first (``owner_lock``: subjects and
+subject facts change one at a time per owner).
 """
 
 from __future__ import annotations
@@ -11,16 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ctxsum.hooks import (
-    CommitHook,
-    Event,
-    LockAgain,
-    MessageRedacted,
-    SummaryCommitted,
-    SummaryReverted,
-)
-from ctxsum.models import Conversation
-from ctxsum.services.fact_merge import (
+from ctxsum.facts.block import facts_recount
+from ctxsum.facts.merge import (
     facts_cite,
     facts_commit,
     facts_forget,
@@ -28,6 +23,17 @@ from ctxsum.services.fact_merge import (
     facts_revert,
     facts_to_revert,
 )
+from ctxsum.facts.services import owner_lock
+from ctxsum.hooks import (
+    CommitHook,
+    ConversationChanged,
+    Event,
+    LockAgain,
+    MessageRedacted,
+    SummaryCommitted,
+    SummaryReverted,
+)
+from ctxsum.models import Conversation
 
 
 @dataclass(frozen=True)
@@ -38,18 +44,32 @@ class Shown:
     conversations: list[Conversation]
 
 
+# What a conversation's facts block depends on: which facts it shows, and their encoding.
+BLOCK_INPUTS = frozenset({"subject", "model"})
+
+
 class FactsHook(CommitHook):
     def concerns(self, conversation: Conversation, event: Event, *, db: str) -> bool:
         if isinstance(event, SummaryCommitted):
             return bool(event.facts)
         if isinstance(event, SummaryReverted):
             return facts_to_revert(event.target)
+        if isinstance(event, ConversationChanged):
+            return bool(BLOCK_INPUTS & event.given)
         return facts_cite(conversation, event.seq, db=db)
 
-    def lock(self, conversation: Conversation, *, db: str) -> Shown:
+    def lock(self, conversation: Conversation, *, db: str, event: Event | None = None) -> Any:
+        if isinstance(event, ConversationChanged):
+            if "subject" in event.given:
+                owner_lock(db=db, owner_id=conversation.owner_id)
+            return None
         return Shown(conversation.subject, facts_lock(conversation, db=db))
 
     def apply(self, event: Event, *, locked: Conversation, held: Any) -> None:
+        if isinstance(event, ConversationChanged):
+            if BLOCK_INPUTS & event.changed:
+                facts_recount([locked])
+            return
         shown: Shown = held
         conversations, subject = shown.conversations, shown.subject
         if isinstance(event, SummaryCommitted):

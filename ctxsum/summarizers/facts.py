@@ -19,8 +19,11 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxsum.fact_lines import MAX_KEY_CHARS, MAX_VALUE_CHARS, one_line
 from ctxsum.validation import unstorable
+
+# The longest key and value a fact may have: a fact's line of the facts block.
+MAX_KEY_CHARS = 200
+MAX_VALUE_CHARS = 2000
 
 # Facts one answer may propose; the rest are dropped (and said so).
 MAX_FACTS = 50
@@ -70,6 +73,12 @@ class Parsed:
 
     facts: tuple[ProposedFact, ...] = ()
     skipped: tuple[str, ...] = field(default_factory=tuple)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line with single spaces: how the facts block shows a value (a newline
+    in it cannot pass for another fact's line), and what two values are compared by."""
+    return " ".join(text.split())
 
 
 def normalize_key(text: str) -> str:

@@ -11,7 +11,7 @@ confirmed (``confirmed_at``, ``source_seqs``); a new value replaces the old one,
 fact is pinned or a person wrote it: then it is only proposed (``proposed_value``). Every
 write records a ``FactChange`` with the fact as it was, which is what a revert restores.
 
-Lock order (services/fact_block.py): the facts of a subject are shown by all of its
+Lock order (``ctxsum.facts.block``): the facts of a subject are shown by all of its
 conversations, and a commit that changes them locks those conversations in primary-key
 order (``facts_lock``) before its own lease-filtered lock of its row (one of them), as a
 person's write of them does after the owner's row. A commit with no fact to write (an
@@ -21,7 +21,7 @@ owner (FOR KEY SHARE, at the commit) never waits for a person's write that waits
 conversations.
 
 Facts never cost a summary: a fact the database could not store is dropped when the answer
-is parsed (``ctxsum.fact_parse``); data the merge still cannot store is skipped, said in
+is parsed (``ctxsum.summarizers.facts``); data the merge still cannot store is skipped, said in
 ``Summary.facts_skipped``, and the summary commits; a database error still rolls back the
 whole commit.
 """
@@ -38,11 +38,7 @@ from django.core.exceptions import ValidationError
 from django.db import DataError, transaction
 from django.utils import timezone
 
-from ctxsum import fact_parse
-from ctxsum.fact_lines import one_line
-from ctxsum.fact_parse import ProposedFact
-from ctxsum.models import Conversation, Fact, FactChange, Summary
-from ctxsum.services.fact_block import (
+from ctxsum.facts.block import (
     block_order,
     block_tokens,
     conversations_lock,
@@ -54,6 +50,10 @@ from ctxsum.services.fact_block import (
     line_tokens,
     one_per_key,
 )
+from ctxsum.facts.models import Fact, FactChange
+from ctxsum.models import Conversation, Summary
+from ctxsum.summarizers import facts as fact_parse
+from ctxsum.summarizers.facts import ProposedFact, one_line
 
 logger = logging.getLogger("ctxsum.compaction")
 

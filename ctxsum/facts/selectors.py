@@ -8,8 +8,9 @@ from typing import Any
 
 from django.db.models import F, QuerySet
 
-from ctxsum.models import FACT_ORDER, Conversation, Fact
-from ctxsum.services.fact_block import facts_chosen, facts_visible
+from ctxsum.facts.block import facts_chosen, facts_visible
+from ctxsum.facts.models import FACT_ORDER, Fact
+from ctxsum.models import Conversation
 
 
 def _annotated(facts: QuerySet[Fact]) -> QuerySet[Fact]:
