@@ -109,7 +109,7 @@ class CommitHook:
     def concerns(self, conversation: Conversation, event: Event, *, db: str) -> bool:
         return False
 
-    def lock(self, conversation: Conversation, *, db: str, event: Event | None = None) -> Any:
+    def lock(self, conversation: Conversation, event: Event, *, db: str) -> Any:
         return None
 
     def apply(self, event: Event, *, locked: Conversation, held: Any) -> None:
@@ -142,12 +142,12 @@ def concerned(conversation: Conversation, event: Event, *, db: str) -> frozenset
 
 
 def commit_lock(
-    conversation: Conversation, names: frozenset[str], *, db: str, event: Event | None = None
+    conversation: Conversation, names: frozenset[str], event: Event, *, db: str
 ) -> Held:
     """Inside the commit's transaction, before its row lock: the locks of the hooks
-    ``names`` (told of ``event`` when their locks depend on it)."""
+    ``names`` for ``event``."""
     hooks = [(name, hook) for name, hook in _commit_hooks.items() if name in names]
-    return Held(tuple((name, hook.lock(conversation, db=db, event=event)) for name, hook in hooks))
+    return Held(tuple((name, hook.lock(conversation, event, db=db)) for name, hook in hooks))
 
 
 def newly_concerned(locked: Conversation, event: Event, held: Held, *, db: str) -> bool:

@@ -58,7 +58,7 @@ class FactsHook(CommitHook):
             return bool(BLOCK_INPUTS & event.given)
         return facts_cite(conversation, event.seq, db=db)
 
-    def lock(self, conversation: Conversation, *, db: str, event: Event | None = None) -> Any:
+    def lock(self, conversation: Conversation, event: Event, *, db: str) -> Any:
         if isinstance(event, ConversationChanged):
             if "subject" in event.given:
                 owner_lock(db=db, owner_id=conversation.owner_id)

@@ -241,7 +241,7 @@ def _commit(
     with transaction.atomic(using=run.db):
         # What the hooks lock (a subject's conversations, for its facts) first; else the
         # row's own lock is all it takes.
-        held = commit_lock(run.conversation, hooks, db=run.db)
+        held = commit_lock(run.conversation, hooks, event, db=run.db)
         locked = _lock_snapshot(run, token)
         first = previous.from_seq if previous else archived[0].seq
         summary = summary_insert(

@@ -155,7 +155,7 @@ def conversation_create(
     named = ConversationChanged(given=fields, changed=fields)
     hooks = concerned(conversation, named, db=db)
     with transaction.atomic(using=db):
-        held = commit_lock(conversation, hooks, db=db, event=named)
+        held = commit_lock(conversation, hooks, named, db=db)
         conversation.save(using=db)
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
@@ -234,7 +234,7 @@ def conversation_update(
     hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
         # An app's locks first (ctxsum.facts: the owner's row, when the subject is given).
-        held = commit_lock(conversation, hooks, db=db, event=event)
+        held = commit_lock(conversation, hooks, event, db=db)
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
         if any(name in given for name in POLICY_FIELDS):
             # Checked against the locked row: a concurrent change of another part of the

@@ -144,7 +144,7 @@ def _commit(
     with transaction.atomic(using=db):
         # What the hooks lock (a subject's conversations, for its facts) first; else the
         # row's own lock is all it takes.
-        held = commit_lock(conversation, hooks, db=db)
+        held = commit_lock(conversation, hooks, event, db=db)
         locked = lease_lock(conversation, token, db=db)
         # A compaction committed meanwhile, or a message it read was redacted since
         # (invariant f): this rebuild is out of date.

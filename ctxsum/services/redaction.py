@@ -86,7 +86,7 @@ def _commit(
     with transaction.atomic(using=db):
         # What the hooks lock (a subject's conversations, for facts citing the message)
         # first; else the row's own lock is all it takes.
-        held = commit_lock(row, hooks, db=db)
+        held = commit_lock(row, hooks, event, db=db)
         locked = Conversation.objects.using(db).select_for_update().get(pk=row.pk)
         message = Message.objects.using(db).get(conversation=locked, seq=event.seq)
         if message.redacted_at is None:

@@ -135,7 +135,7 @@ def _commit(
     with transaction.atomic(using=db):
         # What the hooks lock (a subject's conversations, for the facts the version wrote)
         # first; else the row's own lock is all it takes.
-        held = commit_lock(conversation, hooks, db=db)
+        held = commit_lock(conversation, hooks, event, db=db)
         # Filtered on the lease: a worker that took an abandoned lease over makes this lose.
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, target):
