@@ -1,3 +1,10 @@
+"""The REST API's routes: the core's, then those of each installed app that names a module of
+routes as ``ctxsum_api_urls`` on its AppConfig (``ctxsum.facts``, ``ctxsum.chat``). Its
+``urlpatterns`` join these under the ``ctxsum`` namespace, so they reverse as the core's do."""
+
+from importlib import import_module
+
+from django.apps import apps
 from django.urls import path, register_converter
 
 from ctxsum.api import chat, facts, paths, views
@@ -45,3 +52,7 @@ urlpatterns = [
         name="subject-fact-detail",
     ),
 ]
+
+for config in apps.get_app_configs():
+    if module := getattr(config, "ctxsum_api_urls", None):
+        urlpatterns += import_module(module).urlpatterns
