@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -97,15 +97,8 @@ def counters(conversation: Conversation) -> dict[str, Any]:
     return Conversation.objects.filter(pk=conversation.pk).values(*COUNTERS).get()
 
 
-def test_a_worker_killed_during_the_call_leaves_a_lease_that_expires(user, fake):
-    conversation = conversation_create(
-        owner=user,
-        system=SYSTEM["content"],
-        messages=HISTORY,
-        trigger={"messages": 5},
-        keep={"messages": 1},
-    )
-    before = counters(conversation)
+def kill_child_mid_call(conversation: Conversation, fake: FakeOpenAI) -> None:
+    """Run ``CHILD`` on ``conversation`` and SIGKILL it while its summarizer call is held."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(conversation.pk)],
         cwd=ROOT,
@@ -128,6 +121,32 @@ def test_a_worker_killed_during_the_call_leaves_a_lease_that_expires(user, fake)
     assert "the compaction returned" not in child.stdout.read()
     child.stdout.close()
     child.stderr.close()
+
+
+def compact_once_expired(conversation: Conversation, expires: datetime) -> Any:
+    """Compact until the abandoned lease is taken over, asserting no compaction is turned
+    away after ``expires``. Polls: the lease's own timestamp decides, the poll only looks."""
+    deadline = time.monotonic() + 2.5 * LEASE_SECONDS
+    while True:
+        started = timezone.now()
+        result = conversation_compact(conversation=conversation, force=True)
+        if result.reason != Reason.IN_PROGRESS:
+            return result
+        assert started < expires, "a compaction after the lease time was turned away"
+        assert time.monotonic() < deadline, "the abandoned lease was never taken over"
+        time.sleep(0.05)
+
+
+def test_a_worker_killed_during_the_call_leaves_a_lease_that_expires(user, fake):
+    conversation = conversation_create(
+        owner=user,
+        system=SYSTEM["content"],
+        messages=HISTORY,
+        trigger={"messages": 5},
+        keep={"messages": 1},
+    )
+    before = counters(conversation)
+    kill_child_mid_call(conversation, fake)
     assert len(fake.requests) == 1
     assert "u0: the traveller" in fake.requests[0]["body"]["messages"][-1]["content"]
 
@@ -151,18 +170,9 @@ def test_a_worker_killed_during_the_call_leaves_a_lease_that_expires(user, fake)
     conversation.refresh_from_db()
     assert (conversation.lease_owner, conversation.leased_at) == (token, leased_at)
 
-    # Once the lease time has passed, a compaction takes over. Poll: the lease's own
-    # timestamp decides, the poll only looks.
+    # Once the lease time has passed, a compaction takes over.
     fake.release()
-    deadline = time.monotonic() + 2.5 * LEASE_SECONDS
-    while True:
-        started = timezone.now()
-        result = conversation_compact(conversation=conversation, force=True)
-        if result.reason != Reason.IN_PROGRESS:
-            break
-        assert started < expires, "a compaction after the lease time was turned away"
-        assert time.monotonic() < deadline, "the abandoned lease was never taken over"
-        time.sleep(0.05)
+    result = compact_once_expired(conversation, expires)
     assert result.compacted, result.reason
     assert timezone.now() >= expires, "the lease was taken over before it expired"
     assert len(fake.requests) == 2
@@ -219,9 +229,8 @@ def stop_db_worker(worker: subprocess.Popen[str], how: signal.Signals = signal.S
     return output
 
 
-def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fake, settings):
-    from django_tasks_db.models import DBTaskResult
-
+def queued_conversation(user: Any, settings: Any) -> Conversation:
+    """A conversation whose last append queued a background compaction for a db_worker."""
     settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "tasks"}
     settings.TASKS = DATABASE_TASKS
     conversation = conversation_create(
@@ -233,8 +242,31 @@ def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fa
     )
     answer = message_append(conversation=conversation, messages=HISTORY[4:])
     assert answer.compaction.reason == Reason.QUEUED
-    before = counters(conversation)
+    return conversation
 
+
+def assert_the_chain_ended(lost: Any, check: Any, output: str) -> None:
+    """Only the killed worker's task is left running. The check compacted, unless it ran in
+    the moment between its run_after and the lease's expiry (taken just after it was
+    deferred): then it ran again at the expiry. The compaction's own check found nothing."""
+    from django_tasks_db.models import DBTaskResult
+
+    check.refresh_from_db()
+    assert check.status == "SUCCESSFUL", output
+    assert check.return_value["reason"] in ("compacted", "in_progress")
+    rows = DBTaskResult.objects.exclude(pk=lost.pk)
+    assert set(rows.values_list("status", flat=True)) == {"SUCCESSFUL"}, output
+    returned = [row.return_value["reason"] for row in rows.order_by("run_after")]
+    assert returned.count("compacted") == 1 and returned[-1] == "below_trigger", returned
+    assert set(returned) <= {"compacted", "in_progress", "below_trigger"}, returned
+    assert DBTaskResult.objects.get(pk=lost.pk).status == "RUNNING"
+
+
+def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fake, settings):
+    from django_tasks_db.models import DBTaskResult
+
+    conversation = queued_conversation(user, settings)
+    before = counters(conversation)
     first = start_db_worker(fake)
     try:
         assert fake.wait_for_in_flight(1, timeout=30), "the worker never called the summarizer"
@@ -277,18 +309,7 @@ def test_a_db_worker_killed_mid_call_has_its_compaction_done_by_another(user, fa
         output = stop_db_worker(second)
 
     assert len(fake.requests) == 2, output
-    # Only the killed worker's task is left running. The check compacted, unless it ran in
-    # the moment between its run_after and the lease's expiry (taken just after it was
-    # deferred): then it ran again at the expiry. The compaction's own check found nothing.
-    check.refresh_from_db()
-    assert check.status == "SUCCESSFUL", output
-    assert check.return_value["reason"] in ("compacted", "in_progress")
-    rows = DBTaskResult.objects.exclude(pk=lost.pk)
-    assert set(rows.values_list("status", flat=True)) == {"SUCCESSFUL"}, output
-    returned = [row.return_value["reason"] for row in rows.order_by("run_after")]
-    assert returned.count("compacted") == 1 and returned[-1] == "below_trigger", returned
-    assert set(returned) <= {"compacted", "in_progress", "below_trigger"}, returned
-    assert DBTaskResult.objects.get(pk=lost.pk).status == "RUNNING"
+    assert_the_chain_ended(lost, check, output)
     conversation.refresh_from_db()
     assert conversation.lease_owner == "" and conversation.leased_at is None
     assert Message.objects.filter(conversation=conversation).count() == 1 + len(HISTORY)
@@ -313,35 +334,17 @@ def printed(lines: list[str], text: str, timeout: float) -> bool:
     return wait_until(lambda: any(text in line for line in list(lines)), timeout=timeout)
 
 
-def test_a_db_worker_stopped_twice_mid_call_records_interrupted_and_is_retried(
-    user, fake, settings
-):
-    """A second SIGTERM makes db_worker exit inside the task (SystemExit in the summarizer
-    call): the lease is given back, the attempt is recorded as interrupted, the task is
-    marked failed, and the check the task deferred compacts once its time has come."""
-    from django_tasks_db.models import DBTaskResult
-
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "tasks"}
-    settings.TASKS = DATABASE_TASKS
-    conversation = conversation_create(
-        owner=user,
-        system=SYSTEM["content"],
-        messages=HISTORY[:4],
-        trigger={"messages": 6},
-        keep={"messages": 2},
-    )
-    message_append(conversation=conversation, messages=HISTORY[4:])
-    before = counters(conversation)
-
+def stop_twice_mid_call(fake: FakeOpenAI) -> list[str]:
+    """Start a db_worker, and SIGTERM it twice while its summarizer call is held: the first
+    lets the task finish, the second stops it inside the call. Returns what it printed."""
     first = start_db_worker(fake)
     try:
         lines = watch(first)
         assert fake.wait_for_in_flight(1, timeout=30), "the worker never called the summarizer"
-        first.send_signal(signal.SIGTERM)  # the first lets the task finish...
+        first.send_signal(signal.SIGTERM)
         assert printed(lines, "shutting down gracefully", timeout=10), "".join(lines)
-        # ...the second stops it inside the call. Python may run the second handler inside
-        # the first, before that one has marked the worker stopping: then it counts as a
-        # first, and it takes one more.
+        # Python may run the second handler inside the first, before that one has marked the
+        # worker stopping: then it counts as a first, and it takes one more.
         for _ in range(3):
             first.send_signal(signal.SIGTERM)
             if printed(lines, "terminating current task", timeout=5):
@@ -351,6 +354,20 @@ def test_a_db_worker_stopped_twice_mid_call_records_interrupted_and_is_retried(
         if first.poll() is None:
             first.kill()
             first.wait(timeout=10)
+    return lines
+
+
+def test_a_db_worker_stopped_twice_mid_call_records_interrupted_and_is_retried(
+    user, fake, settings
+):
+    """A second SIGTERM makes db_worker exit inside the task (SystemExit in the summarizer
+    call): the lease is given back, the attempt is recorded as interrupted, the task is
+    marked failed, and the check the task deferred compacts once its time has come."""
+    from django_tasks_db.models import DBTaskResult
+
+    conversation = queued_conversation(user, settings)
+    before = counters(conversation)
+    lines = stop_twice_mid_call(fake)
 
     stopped = DBTaskResult.objects.get(status="FAILED")
     assert stopped.exception_class_path == "builtins.SystemExit", "".join(lines)
