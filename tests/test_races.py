@@ -309,74 +309,62 @@ COMPACTOR_REASONS = {
 }
 
 
-def test_call_result_pairs_racing_two_compactors_leave_no_orphan(user, fake):
-    fake.release()  # every summarizer call answers at once
-    system = system_message("You book trips.")
-    conversation = conversation_create(
-        owner=user,
-        system=system["content"],
-        trigger={"messages": 6},
-        keep={"messages": 2},
-    )
-    pk = conversation.pk
-    lock = threading.Lock()
-    stored: dict[int, dict[str, Any]] = {}  # seq -> message, for every accepted append
-    refused: list[str] = []
-    reasons: list[str] = []
-    appenders_done = threading.Event()
-    barrier = threading.Barrier(APPENDERS + 2)
+class ToolRoundRace:
+    """Appenders sending tool rounds (a call, then its result) while two compactors compact
+    the same conversation over and over; what each accepted, refused and answered."""
 
-    def append(mine: Conversation, message: dict[str, Any]) -> bool:
+    def __init__(self, pk: Any) -> None:
+        self.pk = pk
+        self.lock = threading.Lock()
+        self.stored: dict[int, dict[str, Any]] = {}  # seq -> message, for every accepted append
+        self.refused: list[str] = []
+        self.reasons: list[str] = []
+        self.appenders_done = threading.Event()
+        self.barrier = threading.Barrier(APPENDERS + 2)
+
+    def append(self, mine: Conversation, message: dict[str, Any]) -> bool:
         try:
             (row,) = message_append(conversation=mine, messages=[message]).messages
         except MessagesInvalid as error:
             call_id = message.get("tool_call_id")
             assert call_id and error.per_message == [archived_refusal(call_id)], error
-            with lock:
-                refused.append(call_id)
+            with self.lock:
+                self.refused.append(call_id)
             return False
-        with lock:
-            stored[row.seq] = message
+        with self.lock:
+            self.stored[row.seq] = message
         return True
 
-    def appender(index: int) -> None:
-        mine = Conversation.objects.get(pk=pk)
-        barrier.wait(timeout=10)
+    def appender(self, index: int) -> None:
+        mine = Conversation.objects.get(pk=self.pk)
+        self.barrier.wait(timeout=10)
         for number in range(ROUNDS):
             call_id = f"call_{index}_{number}"
-            assert append(mine, assistant_calls(call_id)), "a tool call was refused"
+            assert self.append(mine, assistant_calls(call_id)), "a tool call was refused"
             if index % 2:
                 time.sleep(PAUSE)
-            append(mine, result(call_id))
+            self.append(mine, result(call_id))
 
-    def compactor() -> None:
-        mine = Conversation.objects.get(pk=pk)
-        barrier.wait(timeout=10)
-        while not appenders_done.is_set():
+    def compactor(self) -> None:
+        mine = Conversation.objects.get(pk=self.pk)
+        self.barrier.wait(timeout=10)
+        while not self.appenders_done.is_set():
             outcome = conversation_compact(conversation=mine, force=True)
-            with lock:
-                reasons.append(outcome.reason)
+            with self.lock:
+                self.reasons.append(outcome.reason)
 
-    appenders = [start(lambda index=index: appender(index)) for index in range(APPENDERS)]
-    compactors = [start(compactor) for _ in range(2)]
-    for worker in appenders:
-        worker.outcome(timeout=60)
-    appenders_done.set()
-    for worker in compactors:
-        worker.outcome(timeout=60)
+    def run(self) -> None:
+        appenders = [start(lambda index=index: self.appender(index)) for index in range(APPENDERS)]
+        compactors = [start(self.compactor) for _ in range(2)]
+        for worker in appenders:
+            worker.outcome(timeout=60)
+        self.appenders_done.set()
+        for worker in compactors:
+            worker.outcome(timeout=60)
 
-    assert set(reasons) <= COMPACTOR_REASONS, sorted(set(reasons))
-    # Overlapping tool rounds may leave no safe cut; two plain messages end every round.
-    closing = [long_user_message("closing 1"), long_user_message("closing 2")]
-    for message in closing:
-        assert append(conversation, message)
-    final = conversation_compact(conversation=conversation, force=True)
-    assert final.compacted, final.reason
-    assert len(stored) + len(refused) == APPENDERS * ROUNDS * 2 + len(closing)
-    assert sorted(stored) == list(range(1, len(stored) + 1))
-    originals = [system, *(stored[seq] for seq in sorted(stored))]
-    assert_context_invariants(conversation, original_messages=originals)
-    # A refused result's request is archived; no active result lacks its request.
+
+def assert_no_orphan_result(conversation: Conversation, refused: list[str]) -> None:
+    """A refused result's request is archived; no active result lacks its request."""
     archived_calls = set(
         ToolCall.objects.filter(
             conversation=conversation, message__summary__isnull=False
@@ -387,6 +375,33 @@ def test_call_result_pairs_racing_two_compactors_leave_no_orphan(user, fake):
     requested = {call["id"] for message in context for call in message.get("tool_calls") or ()}
     results = [message["tool_call_id"] for message in context if message["role"] == "tool"]
     assert set(results) <= requested, "an orphan tool result is in the context"
+
+
+def test_call_result_pairs_racing_two_compactors_leave_no_orphan(user, fake):
+    fake.release()  # every summarizer call answers at once
+    system = system_message("You book trips.")
+    conversation = conversation_create(
+        owner=user,
+        system=system["content"],
+        trigger={"messages": 6},
+        keep={"messages": 2},
+    )
+    race = ToolRoundRace(conversation.pk)
+    race.run()
+
+    assert set(race.reasons) <= COMPACTOR_REASONS, sorted(set(race.reasons))
+    # Overlapping tool rounds may leave no safe cut; two plain messages end every round.
+    closing = [long_user_message("closing 1"), long_user_message("closing 2")]
+    for message in closing:
+        assert race.append(conversation, message)
+    final = conversation_compact(conversation=conversation, force=True)
+    assert final.compacted, final.reason
+    stored = race.stored
+    assert len(stored) + len(race.refused) == APPENDERS * ROUNDS * 2 + len(closing)
+    assert sorted(stored) == list(range(1, len(stored) + 1))
+    originals = [system, *(stored[seq] for seq in sorted(stored))]
+    assert_context_invariants(conversation, original_messages=originals)
+    assert_no_orphan_result(conversation, race.refused)
     conversation.refresh_from_db()
     assert conversation.lease_owner == ""
 
