@@ -360,6 +360,24 @@ def unfinished() -> Any:
 NOT_DEFERRED = Q(run_after__year=9999)
 
 
+def tasks_settled() -> bool:
+    """Every task has run but the checks deferred by compactions, which wait their lease time
+    (services/autocompact.py)."""
+    return not unfinished().filter(Q(run_after__lte=timezone.now()) | NOT_DEFERRED).exists()
+
+
+def append_while_held(conversation: Conversation, appended: list[Any], seqs: range) -> None:
+    """Append one message at a time while the worker's summarizer call is held: never
+    blocked, and the context stays whole after each."""
+    for start in seqs:
+        message = history(1, start)
+        appended += message
+        began = time.monotonic()
+        services.message_append(conversation=conversation, messages=message)
+        assert time.monotonic() - began < 5, "an append waited for the compaction"
+        assert_context_invariants(conversation, original_messages=[SYSTEM, *appended])
+
+
 @postgres
 def test_a_db_worker_compacts_while_appends_go_on(user, worker_fake, settings):
     from django_tasks_db.models import DBTaskResult
@@ -374,32 +392,20 @@ def test_a_db_worker_compacts_while_appends_go_on(user, worker_fake, settings):
         appended += more
         answer = services.message_append(conversation=conversation, messages=more)
         assert answer.compaction.reason == Reason.QUEUED
-        # The worker takes the task and the lease, and its summarizer call is held: appends
-        # go on meanwhile, never blocked, and the context stays whole.
+        # The worker takes the task and the lease, and its summarizer call is held.
         assert worker_fake.wait_for_in_flight(1, timeout=30), "the worker never called"
-        for start in range(6, 12):
-            message = history(1, start)
-            appended += message
-            began = time.monotonic()
-            services.message_append(conversation=conversation, messages=message)
-            assert time.monotonic() - began < 5, "an append waited for the compaction"
-            assert_context_invariants(conversation, original_messages=[SYSTEM, *appended])
+        append_while_held(conversation, appended, range(6, 12))
         assert not Summary.objects.filter(conversation=conversation).exists()
-
-        worker_fake.release()
 
         # The first task commits; the tasks queued by the appends during its call collapse
         # into it or compact what arrived meanwhile. Then every task has finished.
-        def settled() -> bool:
-            # A compaction's deferred check waits its lease time (services/autocompact.py).
-            return not unfinished().filter(Q(run_after__lte=timezone.now()) | NOT_DEFERRED).exists()
-
-        assert wait_until(settled, timeout=60), "the worker left tasks unrun"
+        worker_fake.release()
+        assert wait_until(tasks_settled, timeout=60), "the worker left tasks unrun"
         for start in range(12, 16):  # more appends after the compaction
             message = history(1, start)
             appended += message
             services.message_append(conversation=conversation, messages=message)
-        assert wait_until(settled, timeout=60), "the worker left tasks unrun"
+        assert wait_until(tasks_settled, timeout=60), "the worker left tasks unrun"
     finally:
         output = stop_db_worker(worker)
 
