@@ -77,14 +77,50 @@ def calibrate(setup: Any) -> float:
     return CALIBRATION / (time.perf_counter() - started)
 
 
+def run_round(
+    channels: tuple[Any, Any],
+    processes: int,
+    args: argparse.Namespace,
+    per_process: float,
+    number: int,
+) -> tuple[dict[str, Any], float]:
+    """One round of the three phases (append and floor in turn, then compact) over the
+    processes listening on ``channels`` (phases out, results in); the round's figures, and
+    the supply rate per process for the next round."""
+    from dataclasses import asdict
+
+    from bench.throughput_worker import Phase
+
+    phases, results = channels
+    modes = ["append", "floor"] if number % 2 == 0 else ["floor", "append"]
+    measured: dict[str, Any] = {}
+    for mode in [*modes, "compact"]:
+        supply = math.ceil(2 * per_process * args.duration) + 5 if mode == "compact" else 0
+        for _ in range(processes):
+            phases.put(Phase(mode, args.duration, supply))
+        outcomes = [asdict(results.get(timeout=WAIT)[2]) for _ in range(processes)]
+        outcomes.sort(key=lambda outcome: outcome["worker"])
+        measured[mode] = phase_figures(outcomes, supply)
+        if mode == "compact":
+            done = [outcome["done"] / outcome["seconds"] for outcome in outcomes]
+            per_process = max([per_process, *done])
+    measured["append_vs_floor"] = round(
+        measured["append"]["per_second"] / measured["floor"]["per_second"], 4
+    )
+    progress(
+        f"P={processes} round {number + 1}: "
+        + ", ".join(f"{mode} {measured[mode]['per_second']:,.0f}/s" for mode in modes)
+        + f", compact {measured['compact']['per_second']:,.1f}/s"
+    )
+    return measured, per_process
+
+
 def run_processes(
     setup: Any, processes: int, args: argparse.Namespace, rate: float
 ) -> list[dict[str, Any]]:
     """``processes`` processes, ``args.rounds`` rounds of the three phases; per round and
     mode, every process's outcome and the sum of their rates."""
-    from dataclasses import asdict
-
-    from bench.throughput_worker import Phase, run
+    from bench.throughput_worker import run
 
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(processes)
@@ -107,32 +143,9 @@ def run_processes(
         # the processes when they outnumber the CPUs; then twice the best rate seen so far.
         per_process = rate * min(1.0, (os.cpu_count() or 1) / processes)
         for number in range(args.rounds):
-            modes = ["append", "floor"] if number % 2 == 0 else ["floor", "append"]
-            measured: dict[str, Any] = {}
-            for mode in [*modes, "compact"]:
-                supply = math.ceil(2 * per_process * args.duration) + 5 if mode == "compact" else 0
-                for _ in range(processes):
-                    phases.put(Phase(mode, args.duration, supply))
-                outcomes = []
-                for _ in range(processes):
-                    kind, index, detail = results.get(timeout=WAIT)
-                    outcomes.append(asdict(detail))
-                outcomes.sort(key=lambda outcome: outcome["worker"])
-                measured[mode] = phase_figures(outcomes, supply)
-                if mode == "compact":
-                    per_process = max(
-                        [per_process]
-                        + [outcome["done"] / outcome["seconds"] for outcome in outcomes]
-                    )
-            measured["append_vs_floor"] = round(
-                measured["append"]["per_second"] / measured["floor"]["per_second"], 4
-            )
+            channels = (phases, results)
+            measured, per_process = run_round(channels, processes, args, per_process, number)
             rounds.append(measured)
-            progress(
-                f"P={processes} round {number + 1}: "
-                + ", ".join(f"{mode} {measured[mode]['per_second']:,.0f}/s" for mode in modes)
-                + f", compact {measured['compact']['per_second']:,.1f}/s"
-            )
     finally:
         for _ in workers:
             phases.put(None)
