@@ -72,21 +72,11 @@ def progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def run_backend(args: argparse.Namespace) -> dict[str, Any]:
-    """Build the mixed table on this process's database, then measure (Django set up)."""
-    from django.test import Client
+def targets_build(pool: Any, owner: Any, args: argparse.Namespace) -> list[Any]:
+    """The measured conversations: one of each size, compacted and not."""
+    from bench.scaling_measure import Target
+    from bench.scaling_state import target_build
 
-    from bench.common import bench_owner
-    from bench.scaling_measure import Target, measure, previous_summary_read
-    from bench.scaling_state import load_pool, others_build, settle, table_facts, target_build
-    from tests.support.run_info import database_info
-
-    started = time.perf_counter()
-    pool = load_pool(args.data_dir, dialogues=args.dialogues)
-    progress(f"{args.backend}: data read and counted ({time.perf_counter() - started:.0f} s)")
-    owner, other = bench_owner("ctxsum-scaling"), bench_owner("ctxsum-scaling-other")
-    others = others_build(pool, owner=other, large=args.other_large)
-    progress(f"{args.backend}: other conversations: {others}")
     targets = []
     for compacted in (True, False):
         for size in args.sizes:
@@ -96,6 +86,25 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
             kind = "compacted" if compacted else "uncompacted"
             targets.append(Target(f"{size} {kind}", size, compacted, built))
             progress(f"{args.backend}: built {size:,} {kind} in {built.seconds:.1f} s")
+    return targets
+
+
+def run_backend(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the mixed table on this process's database, then measure (Django set up)."""
+    from django.test import Client
+
+    from bench.common import bench_owner
+    from bench.scaling_measure import Target, measure, previous_summary_read
+    from bench.scaling_state import load_pool, others_build, settle, table_facts
+    from tests.support.run_info import database_info
+
+    started = time.perf_counter()
+    pool = load_pool(args.data_dir, dialogues=args.dialogues)
+    progress(f"{args.backend}: data read and counted ({time.perf_counter() - started:.0f} s)")
+    owner, other = bench_owner("ctxsum-scaling"), bench_owner("ctxsum-scaling-other")
+    others = others_build(pool, owner=other, large=args.other_large)
+    progress(f"{args.backend}: other conversations: {others}")
+    targets = targets_build(pool, owner, args)
     settle()
     facts = table_facts()
     build_seconds = round(time.perf_counter() - started, 1)
