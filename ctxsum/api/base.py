@@ -40,7 +40,7 @@ from ctxsum.api.serializers import (
 )
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
-from ctxsum.services.idempotency import Claim
+from ctxsum.services import Claim
 
 logger = logging.getLogger("ctxsum.api")
 T = TypeVar("T")
