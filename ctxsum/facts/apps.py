@@ -7,12 +7,18 @@ class FactsConfig(AppConfig):
     label = "ctxsum_facts"
     verbose_name = _("Key facts")
     default_auto_field = "django.db.models.BigAutoField"
+    # The facts' REST routes, joined to the core's (ctxsum.api.urls).
+    ctxsum_api_urls = "ctxsum.facts.api.urls"
 
     def ready(self) -> None:
-        """Join the core: the facts block of every context, the facts in its commits."""
+        """Join the core: the facts block of every context, the facts in its commits, a
+        fact that is gone as the API's 404."""
+        from ctxsum.api.exceptions import map_app_errors
+        from ctxsum.facts.api.errors import fact_errors
         from ctxsum.facts.block import FACTS_BLOCK, facts_block
         from ctxsum.facts.hooks import FactsHook
         from ctxsum.hooks import contribute_block, register_commit_hook
 
         contribute_block(FACTS_BLOCK, facts_block)
         register_commit_hook(FACTS_BLOCK, FactsHook())
+        map_app_errors(self.label, fact_errors)
