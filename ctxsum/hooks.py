@@ -13,6 +13,9 @@ replaces rather than repeats.
   their transactions: it locks what it needs before the conversation's row, and changes
   its own rows once the core's are changed (the key facts merged, undone, forgotten,
   recounted).
+- **Summary facts**: the summarizers ask the model for key facts, and parse them out of its
+  answer, only when an app takes them (``take_summary_facts``; the facts app merges them in
+  its commit hook). Without one, the prompt asks for a summary alone.
 - **Review pages**: a ``Panel`` adds a section to one of the admin's review pages (a
   conversation's, a summary's): a template, and a function that builds its context from the
   page's object (the key facts a conversation sees, those a summary wrote). An app registers
@@ -171,6 +174,23 @@ def commit_apply(held: Held, event: Event, *, locked: Conversation) -> None:
     """The hooks that locked, told of ``event`` inside the transaction."""
     for name, lock in held.locks:
         _commit_hooks[name].apply(event, locked=locked, held=lock)
+
+
+# --------------------------------------------------------------------------- summary facts
+# The apps that take the key facts a summary's calls propose (SummaryCommitted.facts).
+
+_fact_takers: set[str] = set()
+
+
+def take_summary_facts(name: str) -> None:
+    """Register the app ``name`` as taking the key facts summaries propose: the summarizers
+    then ask for them in their prompt and parse them out of the answer."""
+    _fact_takers.add(name)
+
+
+def summary_facts_wanted() -> bool:
+    """Whether a summarizer should ask for key facts: an installed app takes them."""
+    return bool(_fact_takers)
 
 
 # --------------------------------------------------------------------------- review pages

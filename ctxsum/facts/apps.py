@@ -11,7 +11,8 @@ class FactsConfig(AppConfig):
     ctxsum_api_urls = "ctxsum.facts.api.urls"
 
     def ready(self) -> None:
-        """Join the core: the facts block of every context, the facts in its commits, a
+        """Join the core: the facts block of every context, the facts its summarizer
+        proposes (asked for and parsed only with the app), merged in its commits, a
         fact that is gone as the API's 404, a conversation's facts counted when it is
         deleted. (The review pages' panels join from ``ctxsum.facts.admin``.)"""
         from ctxsum.api.exceptions import map_app_errors
@@ -19,9 +20,15 @@ class FactsConfig(AppConfig):
         from ctxsum.facts.block import FACTS_BLOCK, facts_block
         from ctxsum.facts.hooks import FactsHook
         from ctxsum.facts.models import Fact
-        from ctxsum.hooks import contribute_block, deleted_with_conversation, register_commit_hook
+        from ctxsum.hooks import (
+            contribute_block,
+            deleted_with_conversation,
+            register_commit_hook,
+            take_summary_facts,
+        )
 
         contribute_block(FACTS_BLOCK, facts_block)
         register_commit_hook(FACTS_BLOCK, FactsHook())
+        take_summary_facts(self.label)
         map_app_errors(self.label, fact_errors)
         deleted_with_conversation(self.label, Fact)
