@@ -13,6 +13,15 @@ replaces rather than repeats.
   their transactions: it locks what it needs before the conversation's row, and changes
   its own rows once the core's are changed (the key facts merged, undone, forgotten,
   recounted).
+- **Summary facts**: the summarizers ask the model for key facts, and parse them out of its
+  answer, only when an app takes them (``take_summary_facts``; the facts app merges them in
+  its commit hook). Without one, the prompt asks for a summary alone.
+- **Review pages**: a ``Panel`` adds a section to one of the admin's review pages (a
+  conversation's, a summary's): a template, and a function that builds its context from the
+  page's object (the key facts a conversation sees, those a summary wrote). An app registers
+  its panels from its admin module, which the admin imports as it does the app's model
+  admins; a project without the admin has no pages to add to. The same module names the
+  models whose rows go with a conversation, for the admin's delete page to count.
 """
 
 from __future__ import annotations
@@ -22,6 +31,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+    from django.db.models import Model
+    from django.http import HttpRequest
+
     from ctxsum.models import Conversation, Summary
 
 
@@ -161,3 +174,77 @@ def commit_apply(held: Held, event: Event, *, locked: Conversation) -> None:
     """The hooks that locked, told of ``event`` inside the transaction."""
     for name, lock in held.locks:
         _commit_hooks[name].apply(event, locked=locked, held=lock)
+
+
+# --------------------------------------------------------------------------- summary facts
+# The apps that take the key facts a summary's calls propose (SummaryCommitted.facts).
+
+_fact_takers: set[str] = set()
+
+
+def take_summary_facts(name: str) -> None:
+    """Register the app ``name`` as taking the key facts summaries propose: the summarizers
+    then ask for them in their prompt and parse them out of the answer."""
+    _fact_takers.add(name)
+
+
+def summary_facts_wanted() -> bool:
+    """Whether a summarizer should ask for key facts: an installed app takes them."""
+    return bool(_fact_takers)
+
+
+# --------------------------------------------------------------------------- review pages
+# The sections apps add to the admin's review pages, and the rows they keep per conversation.
+
+CONVERSATION_PAGE = "conversation"
+SUMMARY_PAGE = "summary"
+
+# Builds a panel's context from the request, the page's model admin and its object (a
+# Conversation or a Summary); None leaves the panel out of the page.
+PanelContext = Callable[["HttpRequest", "ModelAdmin[Any]", Any], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Panel:
+    """A section of a review page: ``template`` is included where the page keeps its
+    panels, with what ``context`` builds as ``panel`` (the page's own context around it)."""
+
+    template: str
+    context: PanelContext
+
+
+@dataclass(frozen=True)
+class ShownPanel:
+    """A panel as a page shows it: its template and the context built for this object."""
+
+    template: str
+    context: dict[str, Any]
+
+
+_panels: dict[str, dict[str, Panel]] = {CONVERSATION_PAGE: {}, SUMMARY_PAGE: {}}
+_deleted_with_conversation: dict[str, type[Model]] = {}
+
+
+def contribute_panel(page: str, name: str, panel: Panel) -> None:
+    """Register ``panel`` under ``name`` on ``page`` (``CONVERSATION_PAGE`` or
+    ``SUMMARY_PAGE``); the page shows its panels in registration order."""
+    _panels[page][name] = panel
+
+
+def review_panels(
+    page: str, request: HttpRequest, model_admin: ModelAdmin[Any], obj: Any
+) -> list[ShownPanel]:
+    """The panels of ``page`` for ``obj``, each with its context, those that show."""
+    panels = _panels[page].values()
+    built = ((panel.template, panel.context(request, model_admin, obj)) for panel in panels)
+    return [ShownPanel(template, context) for template, context in built if context is not None]
+
+
+def deleted_with_conversation(name: str, model: type[Model]) -> None:
+    """Register ``model`` (its ``conversation`` foreign key cascades) under ``name``."""
+    _deleted_with_conversation[name] = model
+
+
+def conversation_rows() -> list[type[Model]]:
+    """The apps' models whose rows go with a conversation, in registration order."""
+    return list(_deleted_with_conversation.values())

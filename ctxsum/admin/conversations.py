@@ -11,7 +11,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.formats import date_format
@@ -27,7 +27,7 @@ from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
 from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin
 from ctxsum.admin.forms import ConversationForm
-from ctxsum.facts.models import Fact
+from ctxsum.hooks import conversation_rows
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy
 
@@ -199,15 +199,19 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         self, objs: Iterable[Conversation], request: HttpRequest
     ) -> tuple[list[Any], dict[Any, int], set[Any], list[Any]]:
         """What a delete takes with it, counted rather than listed (a conversation may hold
-        thousands of messages): one query per kind. The rows go with their conversation,
-        so no permission on them is needed."""
+        thousands of messages): one query per kind, the installed apps' kinds included
+        (``hooks.deleted_with_conversation``). The rows go with their conversation, so no
+        permission on them is needed."""
         conversations = list(objs)
         ids = [conversation.pk for conversation in conversations]
+        kinds: list[type[Model]] = [Message, Summary, CompactionAttempt, *conversation_rows()]
         counts = {
             Conversation._meta.verbose_name_plural: len(conversations),
             **{
-                model._meta.verbose_name_plural: model.objects.filter(conversation__in=ids).count()
-                for model in (Message, Summary, CompactionAttempt, Fact)
+                model._meta.verbose_name_plural: model._default_manager.filter(
+                    conversation__in=ids
+                ).count()
+                for model in kinds
             },
         }
         name = capfirst(Conversation._meta.verbose_name)

@@ -20,7 +20,6 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest
 
-from ctxsum.facts.models import FactChange
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 
 PAGE_SIZE = 50
@@ -218,14 +217,4 @@ def recent_attempts(conversation: Conversation, *, limit: int = 10) -> list[Comp
         CompactionAttempt.objects.filter(conversation=conversation)
         .select_related("summary")
         .order_by("-created_at", "-pk")[:limit]
-    )
-
-
-def fact_changes(summary: Summary) -> list[FactChange]:
-    """What ``summary`` changed of the key facts (the facts it created or whose value it
-    wrote), each with the fact as it is now. One query."""
-    return list(
-        FactChange.objects.filter(summary=summary)
-        .select_related("fact", "fact__conversation")
-        .order_by("fact__key", "pk")
     )

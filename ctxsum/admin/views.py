@@ -1,10 +1,10 @@
-"""The review pages: a conversation (its key facts, its active context as a chat, its
-transcript a page at a time with archived messages under the summary version that archived
-them), a summary (its text beside the messages it covers, the word diff from the previous
-version, lineage, prompt, coverage, the key facts it wrote), and the confirmations of a
-redaction and of undoing a compaction. Each
-takes a fixed number of queries however long the conversation is; every write goes through
-a service."""
+"""The review pages: a conversation (its active context as a chat, its transcript a page at
+a time with archived messages under the summary version that archived them), a summary (its
+text beside the messages it covers, the word diff from the previous version, lineage,
+prompt, coverage), and the confirmations of a redaction and of undoing a compaction. The
+conversation's and the summary's pages show the panels installed apps add
+(``ctxsum.hooks.Panel``: the key facts of ``ctxsum.facts``). Each takes a fixed number of
+queries however long the conversation is; every write goes through a service."""
 
 from __future__ import annotations
 
@@ -29,9 +29,7 @@ from ctxsum.admin.rendering import (
     word_diff,
 )
 from ctxsum.conf import ctxsum_settings
-from ctxsum.facts import selectors as fact_selectors
-from ctxsum.facts.admin import fact_row
-from ctxsum.facts.models import Fact
+from ctxsum.hooks import CONVERSATION_PAGE, SUMMARY_PAGE, review_panels
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy, prompt_sha256
 
@@ -81,7 +79,6 @@ def _page(
         "can_view_conversations": may_view(model_admin, request, Conversation),
         "can_view_summaries": may_view(model_admin, request, Summary),
         "can_view_messages": may_view(model_admin, request, Message),
-        "can_view_facts": may_view(model_admin, request, Fact),
         **context,
     }
 
@@ -93,7 +90,6 @@ def conversation_review(
     preview = queries.context_preview(conversation)
     page = queries.transcript_page(conversation, request.GET.get("page"))
     policy = conversation_effective_policy(conversation)
-    seen = fact_selectors.conversation_facts(conversation=conversation)
     context = _page(
         model_admin,
         request,
@@ -111,7 +107,7 @@ def conversation_review(
         groups=transcript_groups(message_views(page.messages)),
         summaries=queries.recent_summaries(conversation),
         attempts=queries.recent_attempts(conversation),
-        facts=[fact_row(fact, in_context=fact.pk in seen.shown) for fact in seen.facts],
+        panels=review_panels(CONVERSATION_PAGE, request, model_admin, conversation),
         can_change=model_admin.has_change_permission(request, conversation),
         can_redact=may_redact(request),
     )
@@ -142,9 +138,7 @@ def summary_review(
         missing=[fact for fact in facts if not fact.get("present")],
         page=page,
         covered=message_views(page.messages, archived_by=summary),
-        fact_changes=[
-            fact_row(change.fact, change=change) for change in queries.fact_changes(summary)
-        ],
+        panels=review_panels(SUMMARY_PAGE, request, model_admin, summary),
         can_revert=summary.active and may_revert(model_admin, request, summary.conversation),
     )
     return TemplateResponse(request, "ctxsum/admin/summary_review.html", context)

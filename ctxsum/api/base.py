@@ -26,7 +26,6 @@ from ctxsum.api import paths
 from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import (
     CONVERSATION_NOT_FOUND,
-    FACT_NOT_FOUND,
     CallLimit,
     LengthRequired,
     PayloadTooLarge,
@@ -138,7 +137,7 @@ class CtxsumView(GenericAPIView[Any]):
             raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
 
 
-def _from_path(parse: Callable[[str], T | None], missing: Any) -> Callable[[str], T]:
+def from_path(parse: Callable[[str], T | None], missing: Any) -> Callable[[str], T]:
     """A reader of a path segment: what the segment names, else a 404 with ``missing``,
     like a missing row, before any query."""
 
@@ -151,10 +150,9 @@ def _from_path(parse: Callable[[str], T | None], missing: Any) -> Callable[[str]
     return read
 
 
-seq_from_path = _from_path(paths.Seq.parse, MESSAGE_NOT_FOUND)
-version_from_path = _from_path(paths.Version.parse, SUMMARY_NOT_FOUND)
-fact_id_from_path = _from_path(paths.FactId.parse, FACT_NOT_FOUND)
-subject_from_path = _from_path(paths.Subject.parse, SUBJECT_NOT_FOUND)
+seq_from_path = from_path(paths.Seq.parse, MESSAGE_NOT_FOUND)
+version_from_path = from_path(paths.Version.parse, SUMMARY_NOT_FOUND)
+subject_from_path = from_path(paths.Subject.parse, SUBJECT_NOT_FOUND)
 
 
 def no_fields(request: Request) -> None:

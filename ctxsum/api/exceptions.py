@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -19,14 +20,12 @@ from ctxsum.exceptions import (
     TooLarge,
     TurnInProgress,
 )
-from ctxsum.facts.models import Fact
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason, failure_reason
 
 logger = logging.getLogger("ctxsum.api")
 
 CONVERSATION_NOT_FOUND = _("No such conversation.")
-FACT_NOT_FOUND = _("No such fact.")
 SUMMARY_CUT_OFF = _(
     "The summary was cut off at SUMMARY_MAX_TOKENS, so it was not stored; nothing was changed."
 )
@@ -109,6 +108,18 @@ def _chat_exception(exc: Exception) -> Exception:
     return exc
 
 
+# An installed app's domain errors as the HTTP errors they mean: a function per app, which
+# answers None for an error that is not its own (``map_app_errors``).
+ErrorMapping = Callable[[Exception], Exception | None]
+_app_errors: dict[str, ErrorMapping] = {}
+
+
+def map_app_errors(name: str, mapping: ErrorMapping) -> None:
+    """Register ``mapping`` for the errors of the app ``name`` (from its ``AppConfig.ready()``;
+    registering again replaces). ``api_exception`` asks it after the core's own errors."""
+    _app_errors[name] = mapping
+
+
 def api_exception(exc: Exception) -> Exception:
     """Domain errors as the HTTP errors they mean."""
     exc = _chat_exception(exc)
@@ -120,8 +131,9 @@ def api_exception(exc: Exception) -> Exception:
     if isinstance(exc, Conversation.DoesNotExist):
         # Deleted by another request between the lookup and the service's locked re-read.
         return exceptions.NotFound(CONVERSATION_NOT_FOUND)
-    if isinstance(exc, Fact.DoesNotExist):
-        return exceptions.NotFound(FACT_NOT_FOUND)
+    for mapping in _app_errors.values():
+        if (mapped := mapping(exc)) is not None:
+            return mapped
     if isinstance(exc, DjangoValidationError):
         return exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages

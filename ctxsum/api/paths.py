@@ -60,11 +60,6 @@ class Version(Number):
     description = "The summary's version in its conversation: 1, 2, 3, … in decimal."
 
 
-class FactId(Number):
-    canonical, limit = "[1-9][0-9]{0,18}", 2**63 - 1
-    description = "The fact's id: 1, 2, 3, … in decimal."
-
-
 class Subject(Segment):
     """Decoded from its percent-encoding; what the pattern cannot state is in words (and in
     ``services.subject_problem``)."""
@@ -86,6 +81,5 @@ CONVERTERS: dict[str, type[Segment]] = {
     "ctxsum_id": ConversationId,
     "ctxsum_seq": Seq,
     "ctxsum_version": Version,
-    "ctxsum_fact": FactId,
     "ctxsum_subject": Subject,
 }

@@ -56,7 +56,7 @@ SERVER_SENT_EVENTS = OpenApiResponse(
 )
 
 
-def _path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter:
+def path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter:
     """A segment of the path (drf-spectacular cannot tell its form from its converter)."""
     pattern = f"^{segment.canonical}$"
     return OpenApiParameter(
@@ -64,11 +64,10 @@ def _path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter
     )
 
 
-CONVERSATION_ID = _path_parameter("id", paths.ConversationId)
-MESSAGE_SEQ = _path_parameter("seq", paths.Seq)
-SUMMARY_VERSION = _path_parameter("version", paths.Version)
-FACT_ID = _path_parameter("fact_id", paths.FactId)
-SUBJECT = _path_parameter("subject", paths.Subject)
+CONVERSATION_ID = path_parameter("id", paths.ConversationId)
+MESSAGE_SEQ = path_parameter("seq", paths.Seq)
+SUMMARY_VERSION = path_parameter("version", paths.Version)
+SUBJECT = path_parameter("subject", paths.Subject)
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",

@@ -7,7 +7,7 @@ from importlib import import_module
 from django.apps import apps
 from django.urls import path, register_converter
 
-from ctxsum.api import chat, facts, paths, views
+from ctxsum.api import chat, paths, views
 
 app_name = "ctxsum"
 
@@ -15,7 +15,6 @@ for name, converter in paths.CONVERTERS.items():
     register_converter(converter, name)
 
 CONVERSATION = "conversations/<ctxsum_id:pk>/"
-SUBJECT = "subjects/<ctxsum_subject:subject>/"
 
 urlpatterns = [
     path("", views.ApiRoot.as_view(), name="api-root"),
@@ -30,12 +29,6 @@ urlpatterns = [
     path(f"{CONVERSATION}context/", views.ContextDetail.as_view(), name="context"),
     path(f"{CONVERSATION}compact/", views.ConversationCompact.as_view(), name="compact"),
     path(f"{CONVERSATION}chat/", chat.ConversationChat.as_view(), name="chat"),
-    path(f"{CONVERSATION}facts/", facts.ConversationFactList.as_view(), name="fact-list"),
-    path(
-        f"{CONVERSATION}facts/<ctxsum_fact:fact_id>/",
-        facts.ConversationFactDetail.as_view(),
-        name="fact-detail",
-    ),
     path(f"{CONVERSATION}summaries/", views.SummaryList.as_view(), name="summary-list"),
     path(
         f"{CONVERSATION}summaries/rebuild/", views.SummaryRebuild.as_view(), name="summary-rebuild"
@@ -44,12 +37,6 @@ urlpatterns = [
         f"{CONVERSATION}summaries/<ctxsum_version:version>/revert/",
         views.SummaryRevert.as_view(),
         name="summary-revert",
-    ),
-    path(f"{SUBJECT}facts/", facts.SubjectFactList.as_view(), name="subject-fact-list"),
-    path(
-        f"{SUBJECT}facts/<ctxsum_fact:fact_id>/",
-        facts.SubjectFactDetail.as_view(),
-        name="subject-fact-detail",
     ),
 ]
 

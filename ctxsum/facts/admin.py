@@ -6,7 +6,6 @@ admin: the owner does that over REST."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
@@ -19,61 +18,16 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.admin.base import ReviewMediaMixin, badge, conversation_link, short_time
-from ctxsum.admin.queries import page_of
-from ctxsum.facts import services
-from ctxsum.facts.models import Fact, FactChange
+from ctxsum.facts import panels, services
+from ctxsum.facts.models import Fact
+from ctxsum.facts.panels import fact_sources
 
 if TYPE_CHECKING:
     FactModelAdmin = admin.ModelAdmin[Fact]
 else:
     FactModelAdmin = admin.ModelAdmin
 
-# A fact may come from many messages; the list and the pages link this many, then "…".
-SOURCE_LINKS = 10
 CHANGE_PERMISSION = "ctxsum_facts.change_fact"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Source:
-    """One message a fact came from, and its place on its conversation's review page."""
-
-    seq: int
-    url: str
-
-
-def fact_sources(fact: Fact, *, limit: int = SOURCE_LINKS) -> list[Source]:
-    """The messages ``fact`` came from (the first ``limit``), each linking the message on
-    its conversation's review page. No query."""
-    if fact.source_conversation_id is None:
-        return []
-    review = reverse("admin:ctxsum_conversation_review", args=[fact.source_conversation_id])
-    seqs = sorted({seq for seq in fact.source_seqs if isinstance(seq, int) and seq >= 0})
-    return [Source(seq=seq, url=f"{review}?page={page_of(seq)}#m{seq}") for seq in seqs[:limit]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class FactRow:
-    """A fact as the review pages list it: its source links, and whether the conversation's
-    facts block shows it (None where that depends on the conversation)."""
-
-    fact: Fact
-    sources: list[Source]
-    more_sources: int
-    in_context: bool | None = None
-    change: FactChange | None = None  # on a summary's page: what that version changed
-
-
-def fact_row(
-    fact: Fact, *, in_context: bool | None = None, change: FactChange | None = None
-) -> FactRow:
-    sources = fact_sources(fact)
-    return FactRow(
-        fact=fact,
-        sources=sources,
-        more_sources=max(0, len(fact.source_seqs) - len(sources)),
-        in_context=in_context,
-        change=change,
-    )
 
 
 def sources_html(fact: Fact) -> str:
@@ -249,3 +203,7 @@ class FactAdmin(ReviewMediaMixin, FactModelAdmin):
             return str(self.get_empty_value_display())
         url = reverse("admin:ctxsum_summary_change", args=[obj.proposed_by_id])
         return format_html('<a href="{}">v{}</a>', url, getattr(obj, "proposal_version", "?"))
+
+
+# The facts on the core's review pages.
+panels.register()

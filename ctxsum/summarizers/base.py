@@ -5,7 +5,9 @@ A backend makes exactly one attempt, returns the summary stripped, and raises
 ``SummarizerError`` on any failure, a blank answer included: it never makes a summary up.
 ``answer()`` is what a compaction calls: the summary with the facts the same call proposed
 (``SummaryAnswer``). A backend that only implements ``summarize()`` still works: its facts
-are skipped, with the reason, never invented.
+are skipped, with the reason, never invented. Facts are asked for and parsed only when an
+installed app takes them (``ctxsum.hooks.summary_facts_wanted``: the ``ctxsum.facts`` app);
+without one, an answer is the summary alone.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, ClassVar
 from django.core import checks
 
 from ctxsum.exceptions import SummarizerError
+from ctxsum.hooks import summary_facts_wanted
 from ctxsum.summarizers.facts import ProposedFact
 
 BLANK_SUMMARY = "The summarizer returned a blank summary."
@@ -74,8 +77,11 @@ class Summarizer(ABC):
         """The summary and the key facts of one call, as ``summarize`` but with the facts
         ``facts_instruction()`` asked for. This default is for backends that extract none:
         ``summarize()``'s text, its facts skipped with the reason. (A ``summarize()`` that
-        already returns a ``SummaryAnswer`` is taken as it is.)"""
+        already returns a ``SummaryAnswer`` is taken as it is.) Without an app that takes
+        facts, the summary alone."""
         result: Any = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
+        if not summary_facts_wanted():
+            return SummaryAnswer(summary=_text(result))
         if isinstance(result, SummaryAnswer):
             return result
         return SummaryAnswer(
@@ -114,3 +120,8 @@ class Summarizer(ABC):
         # Summarizing nothing can only produce an invented summary.
         if not history or not history.strip():
             raise SummarizerError(BLANK_INPUT)
+
+
+def _text(result: Any) -> Any:
+    """The summary of what ``summarize()`` returned: its text, or a ``SummaryAnswer``'s."""
+    return result.summary if isinstance(result, SummaryAnswer) else result

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from ctxsum import coverage
 from ctxsum.exceptions import SummarizerError
+from ctxsum.hooks import summary_facts_wanted
 from ctxsum.summarizers.base import BLANK_INPUT, Summarizer, SummaryAnswer
 from ctxsum.summarizers.facts import MAX_FACTS, MAX_KEY_CHARS, MAX_VALUE_CHARS, ProposedFact
 from ctxsum.tokens import count_text, encoding_for
@@ -119,8 +120,10 @@ class OfflineSummarizer(Summarizer):
 
     def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
         # summarize() writes the text (a subclass may write it otherwise); the facts come
-        # from the history itself.
+        # from the history itself, when an installed app takes them.
         text = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
+        if not summary_facts_wanted():
+            return SummaryAnswer(summary=text)
         return SummaryAnswer(summary=text, facts=_key_facts(_parse(history)[1]))
 
     def _fit(self, units: list[_Unit], budget: int, model: str) -> str:

@@ -17,6 +17,7 @@ import openai
 from django.core import checks
 
 from ctxsum.exceptions import SummarizerError, SummaryTruncated
+from ctxsum.hooks import summary_facts_wanted
 from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer, SummaryAnswer
 
@@ -32,6 +33,8 @@ MAX_TOKENS_PARAMS = ("max_completion_tokens", "max_tokens")
 # (any server), "off" for none.
 FACTS_FORMATS = ("json_schema", "tagged", "off")
 DEFAULT_FACTS_FORMAT = "tagged"
+# The facts_format when no installed app takes key facts (ctxsum.hooks.summary_facts_wanted).
+NOT_ASKED = ""
 # Local servers (vLLM, Ollama, llama.cpp) ignore the key, but the client insists on one.
 PLACEHOLDER_API_KEY = "not-needed"
 
@@ -158,6 +161,10 @@ class OpenAISummarizer(Summarizer):
 
     @property
     def facts_format(self) -> str:
+        """How the answer carries the key facts; ``NOT_ASKED`` when no installed app takes
+        them (the prompt asks for none, and nothing is said about them)."""
+        if not summary_facts_wanted():
+            return NOT_ASKED
         if self._plain:
             return "off"
         return self.options.get("facts_format") or DEFAULT_FACTS_FORMAT
@@ -322,7 +329,7 @@ def _answer(response: Any, *, max_tokens: int, facts_format: str) -> SummaryAnsw
         if structured is None:
             raise fail(NOT_AN_ANSWER, f"content is {content!r:.200}")
         return SummaryAnswer(summary=structured, facts=parsed.facts, facts_skipped=parsed.skipped)
-    return SummaryAnswer(summary=text.strip(), facts_skipped=(FACTS_OFF,))
+    return SummaryAnswer(summary=text.strip(), facts_skipped=(FACTS_OFF,) if facts_format else ())
 
 
 def _salvaged(text: str, facts_format: str) -> str | None:

@@ -1,5 +1,5 @@
 """Key facts over REST: a conversation's (its own and its subject's, with whether its facts
-block shows each one) and a subject's. A person's writes go through ``services.facts``."""
+block shows each one) and a subject's. A person's writes go through ``ctxsum.facts.services``."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ctxsum.api import schema
-from ctxsum.api.base import CtxsumView, fact_id_from_path, subject_from_path
-from ctxsum.api.exceptions import FACT_NOT_FOUND
+from ctxsum.api.base import CtxsumView, subject_from_path
 from ctxsum.api.idempotency import idempotent
-from ctxsum.api.serializers import (
+from ctxsum.facts import selectors as fact_selectors
+from ctxsum.facts import services
+from ctxsum.facts.api.errors import FACT_NOT_FOUND
+from ctxsum.facts.api.paths import FACT_ID, fact_id_from_path
+from ctxsum.facts.api.serializers import (
     FactCreateInputSerializer,
     FactInputSerializer,
     FactOutputSerializer,
 )
-from ctxsum.facts import selectors as fact_selectors
-from ctxsum.facts import services
 from ctxsum.facts.models import Fact
 from ctxsum.models import Conversation
 
@@ -103,7 +104,7 @@ class ConversationFactDetail(CtxsumView):
         "facts_retrieve",
         "One fact the conversation sees",
         FactOutputSerializer,
-        parameters=[schema.FACT_ID],
+        parameters=[FACT_ID],
     )
     def get(self, request: Request, pk: str, fact_id: str) -> Response:
         seen, fact = self._fact(fact_id)
@@ -114,7 +115,7 @@ class ConversationFactDetail(CtxsumView):
         "Change a fact's value, key or pin",
         FactOutputSerializer,
         request=FactInputSerializer,
-        parameters=[schema.FACT_ID],
+        parameters=[FACT_ID],
         errors_too=schema.BODY,
         description="Any of `value`, `key` and `pinned`. A subject's fact changes for every "
         f"conversation of the subject. {WRITE_NOTE}",
@@ -131,7 +132,7 @@ class ConversationFactDetail(CtxsumView):
         "Delete a fact (a subject's: for every conversation of the subject)",
         None,
         status=204,
-        parameters=[schema.FACT_ID],
+        parameters=[FACT_ID],
     )
     def delete(self, request: Request, pk: str, fact_id: str) -> Response:
         _, fact = self._fact(fact_id)
@@ -205,7 +206,7 @@ class SubjectFactDetail(SubjectView):
         "One of the caller's facts of a subject",
         FactOutputSerializer,
         on_conversation=False,
-        parameters=[schema.SUBJECT, schema.FACT_ID],
+        parameters=[schema.SUBJECT, FACT_ID],
     )
     def get(self, request: Request, subject: str, fact_id: str) -> Response:
         return Response(FactOutputSerializer(self._fact(fact_id)).data)
@@ -216,7 +217,7 @@ class SubjectFactDetail(SubjectView):
         FactOutputSerializer,
         request=FactInputSerializer,
         on_conversation=False,
-        parameters=[schema.SUBJECT, schema.FACT_ID],
+        parameters=[schema.SUBJECT, FACT_ID],
         errors_too=schema.BODY,
         description=f"Any of `value`, `key` and `pinned`. {WRITE_NOTE}",
     )
@@ -233,7 +234,7 @@ class SubjectFactDetail(SubjectView):
         None,
         status=204,
         on_conversation=False,
-        parameters=[schema.SUBJECT, schema.FACT_ID],
+        parameters=[schema.SUBJECT, FACT_ID],
     )
     def delete(self, request: Request, subject: str, fact_id: str) -> Response:
         services.fact_delete(fact=self._fact(fact_id), user=request.user)
