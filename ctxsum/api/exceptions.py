@@ -10,15 +10,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 
-from ctxsum.exceptions import (
-    CallLimitReached,
-    ContextRedacted,
-    ContextTooLong,
-    ModelError,
-    SummarizerError,
-    TooLarge,
-    TurnInProgress,
-)
+from ctxsum.exceptions import SummarizerError, TooLarge
 from ctxsum.facts.models import Fact
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason, failure_reason
@@ -55,63 +47,11 @@ class SummarizerFailed(exceptions.APIException):
         self.reason = reason
 
 
-class TurnConflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = _("Another turn of this conversation is in progress.")
-    default_code = "turn_in_progress"
-
-
-class ContextRedactedConflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = _("A message the model was sent was redacted during its call.")
-    default_code = "context_redacted"
-
-
-class CallLimit(exceptions.APIException):
-    status_code = status.HTTP_429_TOO_MANY_REQUESTS
-    default_detail = _("A limit of model calls is reached.")
-    default_code = "call_limit_reached"
-
-    def __init__(self, detail: str, *, scope: str) -> None:
-        super().__init__(detail)
-        self.scope = scope
-
-
-class ContextTooLongError(exceptions.APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = _("The context is over max_context_tokens, even after compaction.")
-    default_code = "context_too_long"
-
-
-class ModelFailed(exceptions.APIException):
-    status_code = status.HTTP_502_BAD_GATEWAY
-    default_detail = _("The model failed after its retries and fallbacks; nothing was stored.")
-    default_code = "model_error"
-
-
-def _chat_exception(exc: Exception) -> Exception:
-    """A chat turn's domain errors as the HTTP errors they mean."""
-    if isinstance(exc, TurnInProgress):
-        return TurnConflict(str(exc))
-    if isinstance(exc, CallLimitReached):
-        return CallLimit(str(exc), scope=exc.scope)
-    if isinstance(exc, ContextTooLong):
-        return ContextTooLongError(str(exc))
-    if isinstance(exc, ContextRedacted):
-        return ContextRedactedConflict(str(exc))
-    if isinstance(exc, ModelError):
-        # The provider's own words go to the log, not to the client: an operational
-        # event, not a bug, so no traceback.
-        logger.error("Chat model error: %s", exc)
-        return ModelFailed()
+def api_exception(exc: Exception) -> Exception:
+    """Domain errors as the HTTP errors they mean (an optional app's views map their own
+    first: ``ctxsum.chat.api_exceptions``)."""
     if isinstance(exc, SummarizerError):
         return SummarizerFailed(reason=failure_reason(exc))
-    return exc
-
-
-def api_exception(exc: Exception) -> Exception:
-    """Domain errors as the HTTP errors they mean."""
-    exc = _chat_exception(exc)
     if isinstance(exc, TooLarge | RequestDataTooBig):
         return PayloadTooLarge(str(exc))
     if isinstance(exc, RecursionError):

@@ -7,7 +7,7 @@ from importlib import import_module
 from django.apps import apps
 from django.urls import path, register_converter
 
-from ctxsum.api import chat, facts, paths, views
+from ctxsum.api import facts, paths, views
 
 app_name = "ctxsum"
 
@@ -29,7 +29,6 @@ urlpatterns = [
     ),
     path(f"{CONVERSATION}context/", views.ContextDetail.as_view(), name="context"),
     path(f"{CONVERSATION}compact/", views.ConversationCompact.as_view(), name="compact"),
-    path(f"{CONVERSATION}chat/", chat.ConversationChat.as_view(), name="chat"),
     path(f"{CONVERSATION}facts/", facts.ConversationFactList.as_view(), name="fact-list"),
     path(
         f"{CONVERSATION}facts/<ctxsum_fact:fact_id>/",
