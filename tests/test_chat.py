@@ -252,6 +252,28 @@ def test_calls_per_user_per_day(user, chat_model, settings):
     chat_turn(conversation=first, message=user_message("c"), user=user)
 
 
+def test_a_conversation_gets_its_chat_state_when_made_or_at_its_first_turn(user, chat_model):
+    made = conversation_create(owner=user, messages=HISTORY[:1])
+    assert ChatState.objects.filter(pk=made.pk).exists()
+    # A conversation older than the app has none until its first turn makes it.
+    ChatState.objects.filter(pk=made.pk).delete()
+
+    chat_turn(conversation=made, message=user_message("Hi"))
+
+    assert (chat_state := ChatState.objects.get(pk=made.pk)).chat_calls == 1
+    assert chat_state.turn_owner == ""
+
+
+def test_a_turn_on_a_deleted_conversation_reserves_nothing(user, chat_model):
+    gone = conversation_create(owner=user, messages=HISTORY[:1])
+    Conversation.objects.filter(pk=gone.pk).delete()
+
+    with pytest.raises(Conversation.DoesNotExist):
+        chat_turn(conversation=gone, message=user_message("Hi"))
+
+    assert chat_model.requests == [] and not ChatState.objects.exists()
+
+
 def test_a_turn_in_progress_refuses_another_until_it_is_stale(conversation, chat_model, settings):
     ChatState.objects.filter(pk=conversation.pk).update(
         turn_owner="other-worker", turn_started_at=timezone.now()
