@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.translation import gettext_lazy as _
@@ -14,8 +12,6 @@ from ctxsum.exceptions import SummarizerError, TooLarge
 from ctxsum.facts.models import Fact
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason, failure_reason
-
-logger = logging.getLogger("ctxsum.api")
 
 CONVERSATION_NOT_FOUND = _("No such conversation.")
 FACT_NOT_FOUND = _("No such fact.")
