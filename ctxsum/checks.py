@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from ctxsum import policy
-from ctxsum.conf import DEFAULTS, ctxsum_settings
+from ctxsum.conf import APP_PREFIXES, DEFAULTS, ctxsum_settings
 
 POSITIVE_KEYS = (
     "SUMMARY_TIMEOUT",
@@ -106,78 +106,6 @@ def _number_errors() -> list[CheckMessage]:
         if not isinstance(value, str) or not value.strip():
             errors.append(Error(f"CTXSUM[{key!r}] must be a non-blank string.", id="ctxsum.E006"))
     return errors
-
-
-CHAT_POSITIVE_KEYS = ("CHAT_TIMEOUT", "CHAT_TURN_SECONDS")
-CHAT_LIMIT_KEYS = ("CHAT_MAX_CALLS_PER_CONVERSATION", "CHAT_MAX_CALLS_PER_USER_PER_DAY")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _chat_errors() -> list[CheckMessage]:
-    """The chat turn's settings: ctxsum.E014 for a bad value, W005 for a turn lock shorter
-    than one model call."""
-    problems: list[str] = []
-    for key in CHAT_POSITIVE_KEYS:
-        value = getattr(ctxsum_settings, key)
-        if not _is_number(value) or value <= 0:
-            problems.append(f"CTXSUM[{key!r}] must be a positive number, not {value!r}.")
-    retries, backoff = ctxsum_settings.CHAT_RETRIES, ctxsum_settings.CHAT_RETRY_BACKOFF
-    if type(retries) is not int or retries < 0:
-        problems.append(f"CTXSUM['CHAT_RETRIES'] must be an integer >= 0, not {retries!r}.")
-    if not _is_number(backoff) or backoff < 0:
-        problems.append(f"CTXSUM['CHAT_RETRY_BACKOFF'] must be a number >= 0, not {backoff!r}.")
-    for key in CHAT_LIMIT_KEYS:
-        value = getattr(ctxsum_settings, key)
-        if value is not None and (type(value) is not int or value < 1):
-            problems.append(f"CTXSUM[{key!r}] must be a positive integer or None, not {value!r}.")
-    models: object = ctxsum_settings.CHAT_FALLBACK_MODELS  # as given, maybe not a list
-    if not isinstance(models, list | tuple) or not all(
-        isinstance(model, str) and model.strip() for model in models
-    ):
-        problems.append(
-            f"CTXSUM['CHAT_FALLBACK_MODELS'] must be a list of model names, not {models!r}."
-        )
-    problems += _chat_option_problems(ctxsum_settings.CHAT_OPTIONS)
-    errors: list[CheckMessage] = [
-        Error(problem, hint="See the comments of ctxsum.conf.DEFAULTS.", id="ctxsum.E014")
-        for problem in problems
-    ]
-    if not errors and ctxsum_settings.CHAT_TURN_SECONDS < ctxsum_settings.CHAT_TIMEOUT:
-        errors.append(
-            Warning(
-                "CTXSUM['CHAT_TURN_SECONDS'] is shorter than CHAT_TIMEOUT: another turn may "
-                "take a conversation over while its model call still runs, and that turn's "
-                "reply is then not stored.",
-                hint="Raise CHAT_TURN_SECONDS well above CHAT_TIMEOUT (and the retries).",
-                id="ctxsum.W005",
-            )
-        )
-    return errors
-
-
-def _chat_option_problems(options: object) -> list[str]:
-    from ctxsum.llm import OPTIONS
-    from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS
-
-    if not isinstance(options, dict):
-        return [f"CTXSUM['CHAT_OPTIONS'] must be a dict, not {options!r}."]
-    problems = [
-        f"CTXSUM['CHAT_OPTIONS'] has an unknown key {key!r}; known: {', '.join(sorted(OPTIONS))}."
-        for key in sorted(set(options) - OPTIONS, key=str)
-    ]
-    types = {"base_url": str, "api_key": str, "extra_body": dict, "max_tokens_param": str}
-    for key, kind in types.items():
-        if options.get(key) is not None and not isinstance(options[key], kind):
-            problems.append(f"CTXSUM['CHAT_OPTIONS'][{key!r}] must be a {kind.__name__}.")
-    param = options.get("max_tokens_param")
-    if isinstance(param, str) and param not in MAX_TOKENS_PARAMS:
-        problems.append(
-            f"CTXSUM['CHAT_OPTIONS']['max_tokens_param'] must be one of {MAX_TOKENS_PARAMS}."
-        )
-    return problems
 
 
 def _input_budget_errors() -> list[CheckMessage]:
@@ -357,9 +285,29 @@ def _encoding_warnings() -> list[CheckMessage]:
     return []
 
 
+def _app_of(key: str) -> str | None:
+    """The optional app a key of CTXSUM belongs to by its prefix (CHAT_: ctxsum.chat)."""
+    return next((app for prefix, app in APP_PREFIXES.items() if key.startswith(prefix)), None)
+
+
+def _absent_app_warnings() -> list[CheckMessage]:
+    """ctxsum.W007: keys of an optional app that is not installed (so nothing reads them)."""
+    absent = [key for key in ctxsum_settings.unknown_keys() if _app_of(key)]
+    return [
+        Warning(
+            f"CTXSUM[{key!r}] is a setting of {_app_of(key)}, which is not in INSTALLED_APPS: "
+            "it is ignored.",
+            hint=f"Add {_app_of(key)!r} to INSTALLED_APPS, or remove the setting.",
+            id="ctxsum.W007",
+        )
+        for key in absent
+    ]
+
+
 @register()
 def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    unknown = ctxsum_settings.unknown_keys()
+    """The core's settings (an optional app checks its own keys of CTXSUM)."""
+    unknown = [key for key in ctxsum_settings.unknown_keys() if not _app_of(key)]
     if unknown:
         return [
             Error(
@@ -368,7 +316,7 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
                 id="ctxsum.E001",
             )
         ]
-    errors = _policy_errors() + _number_errors() + _chat_errors()
+    errors = _absent_app_warnings() + _policy_errors() + _number_errors()
     if not errors:
         errors += _input_budget_errors() + _body_limit_errors() + _lease_warnings()
         errors += _idempotency_warnings()

@@ -1,6 +1,8 @@
 """ctxsum settings: one ``CTXSUM`` dict in Django settings, read through ``ctxsum_settings``.
 
-Every key falls back to ``DEFAULTS``; unknown keys are an error. The object is lazy and
+Every key falls back to ``DEFAULTS``; unknown keys are an error. An optional app's keys of
+the same dict (``CHAT_*``: ``ctxsum.chat.conf``) are read through its own settings object;
+without the app installed they are ignored, with a warning. Each object is lazy and
 reloads on ``setting_changed``, so ``override_settings(CTXSUM=...)`` works in tests.
 """
 
@@ -102,35 +104,20 @@ DEFAULTS: dict[str, Any] = {
     # is given up: a retry may then run it again, unless its write was applied. Longer than
     # any request takes, a compaction's summarizer calls included.
     "IDEMPOTENCY_CLAIM_SECONDS": 10 * 60,
-    # The chat turn (POST .../chat/, services.chat_turn). Its primary model is the request's
-    # ``model``, else the conversation's, else DEFAULT_MODEL; these are tried in order after
-    # it when it fails (after its retries).
-    "CHAT_FALLBACK_MODELS": [],
-    # Options of the chat model's client: base_url, api_key (default: OPENAI_BASE_URL /
-    # OPENAI_API_KEY), extra_body (extra JSON fields), max_tokens_param
-    # ("max_completion_tokens", or "max_tokens" for older servers).
-    "CHAT_OPTIONS": {},
-    # Seconds one chat model request may take (between two chunks when streaming).
-    "CHAT_TIMEOUT": 60,
-    # Retries of one model after a transient error (429, 408, 409, 5xx, timeout, connection),
-    # waiting CHAT_RETRY_BACKOFF seconds before the first, doubling each time.
-    "CHAT_RETRIES": 2,
-    "CHAT_RETRY_BACKOFF": 0.5,
-    # Chat turns (model calls) a conversation may make in all, and a user per UTC day
-    # (None: no limit). A reservation is taken before anything else and given back when the
-    # turn fails; summarizer calls never count.
-    "CHAT_MAX_CALLS_PER_CONVERSATION": None,
-    "CHAT_MAX_CALLS_PER_USER_PER_DAY": None,
-    # Seconds a conversation's turn lock holds: a turn older than this is taken for
-    # abandoned (its worker died) and the next turn takes the lock over.
-    "CHAT_TURN_SECONDS": 600,
 }
 
 IMPORT_STRINGS = ("SUMMARIZER",)
+# The keys of an optional app, by their prefix: without the app installed such a key is
+# ignored, with a warning (ctxsum.W007) rather than the unknown key's error.
+APP_PREFIXES = {"CHAT_": "ctxsum.chat"}
+# Every settings object reading the CTXSUM dict: the core's, and each optional app's.
+_readers: list[CtxsumSettings] = []
 
 
 class CtxsumSettings:
-    """Attribute access to the ``CTXSUM`` dict with defaults; unknown keys raise.
+    """Attribute access to the ``CTXSUM`` dict with ``defaults``; unknown keys raise. An
+    optional app reads its own keys of the same dict through a subclass with its defaults
+    (``ctxsum.chat.conf``).
 
     The annotations give the type of a valid value; checks.py reports the invalid ones.
     """
@@ -159,18 +146,15 @@ class CtxsumSettings:
     MAX_BODY_BYTES: int
     IDEMPOTENCY_KEY_SECONDS: float
     IDEMPOTENCY_CLAIM_SECONDS: float
-    CHAT_FALLBACK_MODELS: list[str]
-    CHAT_OPTIONS: dict[str, Any]
-    CHAT_TIMEOUT: float
-    CHAT_RETRIES: int
-    CHAT_RETRY_BACKOFF: float
-    CHAT_MAX_CALLS_PER_CONVERSATION: int | None
-    CHAT_MAX_CALLS_PER_USER_PER_DAY: int | None
-    CHAT_TURN_SECONDS: float
 
-    def __init__(self) -> None:
+    def __init__(
+        self, defaults: dict[str, Any] | None = None, import_strings: tuple[str, ...] = ()
+    ) -> None:
+        self._defaults = DEFAULTS if defaults is None else defaults
+        self._import_strings = IMPORT_STRINGS if defaults is None else import_strings
         self._cached: set[str] = set()
         self._user: dict[str, Any] | None = None
+        _readers.append(self)
 
     @property
     def user_settings(self) -> dict[str, Any]:
@@ -179,15 +163,17 @@ class CtxsumSettings:
         return self._user
 
     def unknown_keys(self) -> list[str]:
-        return sorted(set(self.user_settings) - set(DEFAULTS))
+        """The keys of the CTXSUM dict that neither the core nor an installed app reads."""
+        known = {key for reader in _readers for key in reader._defaults}
+        return sorted(set(self.user_settings) - known)
 
     def __getattr__(self, name: str) -> Any:
         # Called only for a setting not read since the last reload: the value is then kept
         # as an attribute, so later reads (several per append) are plain attribute reads.
-        if name not in DEFAULTS:
+        if name not in self._defaults:
             raise AttributeError(f"Invalid ctxsum setting: {name!r}")
-        value = self.user_settings.get(name, DEFAULTS[name])
-        if name in IMPORT_STRINGS and isinstance(value, str):
+        value = self.user_settings.get(name, self._defaults[name])
+        if name in self._import_strings and isinstance(value, str):
             value = import_string(value)
         setattr(self, name, value)
         self._cached.add(name)
@@ -205,7 +191,8 @@ ctxsum_settings = CtxsumSettings()
 
 def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "CTXSUM":
-        ctxsum_settings.reload()
+        for reader in _readers:
+            reader.reload()
 
 
 setting_changed.connect(_reload)

@@ -1,13 +1,15 @@
 """The seams the core offers to the apps that extend it.
 
-An optional app (``ctxsum.facts``) registers here from its ``AppConfig.ready()``; the core
-calls what is registered and never imports the app. Registrations are made once per process,
-at startup, and are keyed by name, so registering again (a second ``ready()`` in tests)
-replaces rather than repeats.
+An optional app (``ctxsum.facts``, ``ctxsum.chat``) registers here from its
+``AppConfig.ready()``; the core calls what is registered and never imports the app.
+Registrations are made once per process, at startup, and are keyed by name, so registering
+again (a second ``ready()`` in tests) replaces rather than repeats.
 
 - **Blocks**: a contributor adds one pinned user message to a conversation's context, after
   the summary (the key facts block). ``selectors.context_get`` asks every contributor, in
   the order they registered; a compaction keeps each block as it is.
+- **Stats**: a reader adds an app's counts to a conversation's stats
+  (``selectors.conversation_stats``: the chat turns' usage), after the core's.
 - **Commits**: a ``CommitHook`` takes part in the core's commits (a compaction's or a
   rebuild's summary, a revert, a redaction, a conversation created or changed) inside
   their transactions: it locks what it needs before the conversation's row, and changes
@@ -63,6 +65,26 @@ def context_blocks(conversation: Conversation) -> list[Block]:
     """The blocks of ``conversation``'s context, in the order their contributors registered."""
     blocks = (contributor(conversation) for contributor in _contributors.values())
     return [block for block in blocks if block is not None]
+
+
+# --------------------------------------------------------------------------- stats
+
+# A reader of an app's counts of a conversation, added to its stats.
+StatsReader = Callable[["Conversation"], "dict[str, int]"]
+_stats_readers: dict[str, StatsReader] = {}
+
+
+def contribute_stats(name: str, reader: StatsReader) -> None:
+    """Register ``reader`` under ``name``; its keys follow the core's and earlier readers'."""
+    _stats_readers[name] = reader
+
+
+def contributed_stats(conversation: Conversation) -> dict[str, int]:
+    """The counts every registered reader adds to ``conversation``'s stats."""
+    stats: dict[str, int] = {}
+    for reader in _stats_readers.values():
+        stats.update(reader(conversation))
+    return stats
 
 
 # --------------------------------------------------------------------------- commits

@@ -9,10 +9,9 @@ from typing import Any
 from django.db.models import Count, QuerySet, Sum
 
 from ctxsum.conf import ctxsum_settings
-from ctxsum.hooks import Block, context_blocks
+from ctxsum.hooks import Block, context_blocks, contributed_stats
 from ctxsum.layout import LEADING, SUMMARY, ContextLayout, Part, layout_of
 from ctxsum.models import (
-    ChatTurn,
     CompactionAttempt,
     Conversation,
     Message,
@@ -26,7 +25,6 @@ from ctxsum.policy import Policy, parse_policy
 __all__ = [
     "ActiveContext",
     "active_summary_version",
-    "chat_usage",
     "context_get",
     "conversation_effective_policy",
     "conversation_list",
@@ -258,7 +256,8 @@ def summary_list(*, conversation: Conversation) -> QuerySet[Summary]:
 
 
 def conversation_stats(*, conversation: Conversation) -> dict[str, int]:
-    """Counts and token totals of one conversation, its chat turns' usage included."""
+    """Counts and token totals of one conversation, then those the optional apps add
+    (``ctxsum.hooks.contribute_stats``: the chat turns' usage)."""
     archived = Message.objects.filter(conversation=conversation).archived()
     archived_totals = archived.aggregate(count=Count("id"), tokens=Sum("token_count"))
     active_summary = (
@@ -277,17 +276,5 @@ def conversation_stats(*, conversation: Conversation) -> dict[str, int]:
             conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED
         ).count(),
         "tokens_saved": max(0, archived_tokens - (active_summary or 0)),
-        **chat_usage(conversation=conversation),
+        **contributed_stats(conversation),
     }
-
-
-def chat_usage(*, conversation: Conversation) -> dict[str, int]:
-    """The conversation's chat turns and the tokens they used, as the provider reported
-    them (a turn it reported nothing for adds nothing). One query."""
-    totals = ChatTurn.objects.filter(conversation=conversation).aggregate(
-        chat_turns=Count("id"),
-        prompt_tokens=Sum("prompt_tokens"),
-        completion_tokens=Sum("completion_tokens"),
-        cached_tokens=Sum("cached_tokens"),
-    )
-    return {key: value or 0 for key, value in totals.items()}

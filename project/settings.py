@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django_tasks_db",
     "ctxsum",
     "ctxsum.facts",  # optional: key facts beside the summary
+    "ctxsum.chat",  # optional: the chat turn (POST …/chat/)
     # The example project's own commands: ctxsum_demo, ctxsum_api_docs.
     "project",
 ]

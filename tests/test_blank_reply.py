@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from ctxsum.exceptions import ModelError
-from ctxsum.models import ChatTurn, Conversation, Message
-from ctxsum.services import chat_turn, conversation_create
-from ctxsum.services.chat import ChatResult
-from ctxsum.services.model_calls import BLANK_REPLY
+from ctxsum.chat.exceptions import ModelError
+from ctxsum.chat.model_calls import BLANK_REPLY
+from ctxsum.chat.models import ChatState, ChatTurn
+from ctxsum.chat.services import ChatResult, chat_turn
+from ctxsum.models import Conversation, Message
+from ctxsum.services import conversation_create
 from tests.factories import tool_call, user_message
 from tests.support.urls import api_url
 from tests.test_chat_api import events
@@ -45,7 +46,8 @@ def assert_nothing_stored(conversation: Conversation) -> None:
     row = Conversation.objects.get(pk=conversation.pk)
     assert contents(row) == ["Be brief.", "Hi"]
     assert not ChatTurn.objects.filter(conversation=row).exists()
-    assert row.turn_owner == "" and row.chat_calls == 0  # the reservation was given back
+    state = ChatState.objects.get(pk=row.pk)
+    assert state.turn_owner == "" and state.chat_calls == 0  # the reservation was given back
 
 
 def deltas(chunks: list[Any]) -> str:

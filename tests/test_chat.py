@@ -12,18 +12,13 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from ctxsum.exceptions import (
-    CallLimitReached,
-    ContextTooLong,
-    MessagesInvalid,
-    ModelError,
-    SummarizerError,
-    TurnInProgress,
-)
-from ctxsum.models import ChatCallDay, ChatTurn, Conversation, Message
+from ctxsum.chat.exceptions import CallLimitReached, ContextTooLong, ModelError, TurnInProgress
+from ctxsum.chat.models import ChatCallDay, ChatState, ChatTurn
+from ctxsum.chat.services import ChatResult, ChatStream, chat_turn
+from ctxsum.exceptions import MessagesInvalid, SummarizerError
+from ctxsum.models import Conversation, Message
 from ctxsum.selectors import context_get, conversation_stats
-from ctxsum.services import chat_turn, conversation_create, message_append
-from ctxsum.services.chat import ChatResult, ChatStream
+from ctxsum.services import conversation_create, message_append
 from tests import query_budgets as budget
 from tests.factories import (
     long_user_message,
@@ -61,8 +56,8 @@ def state(conversation: Conversation) -> dict[str, Any]:
         "messages": list(Message.objects.filter(conversation=row).values_list("seq", "content")),
         "revision": row.revision,
         "turns": ChatTurn.objects.filter(conversation=row).count(),
-        "chat_calls": row.chat_calls,
-        "turn_owner": row.turn_owner,
+        "chat_calls": ChatState.objects.get(pk=row.pk).chat_calls,
+        "turn_owner": ChatState.objects.get(pk=row.pk).turn_owner,
     }
 
 
@@ -106,7 +101,8 @@ def test_a_turn_sends_the_context_and_the_message_and_stores_both(conversation, 
     assert turn.total_tokens == turn.prompt_tokens + turn.completion_tokens
     assert result.compaction is None
     conversation.refresh_from_db()
-    assert (conversation.chat_calls, conversation.turn_owner) == (1, "")
+    chat_state = ChatState.objects.get(pk=conversation.pk)
+    assert (chat_state.chat_calls, chat_state.turn_owner) == (1, "")
     stats = conversation_stats(conversation=conversation)
     assert (stats["chat_turns"], stats["cached_tokens"]) == (1, 7)
     assert stats["prompt_tokens"] == turn.prompt_tokens
@@ -203,7 +199,8 @@ def test_the_summary_call_comes_first_and_is_not_counted(user, chat_model, setti
     )
     assert sent[-1] == long_user_message("u4")
     conversation.refresh_from_db()
-    assert conversation.chat_calls == 1  # the summary call took none of the one allowed
+    # The summary call took none of the one allowed.
+    assert ChatState.objects.get(pk=conversation.pk).chat_calls == 1
 
 
 def test_with_the_limit_used_up_neither_summary_nor_model_is_called(user, chat_model, settings):
@@ -255,8 +252,30 @@ def test_calls_per_user_per_day(user, chat_model, settings):
     chat_turn(conversation=first, message=user_message("c"), user=user)
 
 
+def test_a_conversation_gets_its_chat_state_when_made_or_at_its_first_turn(user, chat_model):
+    made = conversation_create(owner=user, messages=HISTORY[:1])
+    assert ChatState.objects.filter(pk=made.pk).exists()
+    # A conversation older than the app has none until its first turn makes it.
+    ChatState.objects.filter(pk=made.pk).delete()
+
+    chat_turn(conversation=made, message=user_message("Hi"))
+
+    assert (chat_state := ChatState.objects.get(pk=made.pk)).chat_calls == 1
+    assert chat_state.turn_owner == ""
+
+
+def test_a_turn_on_a_deleted_conversation_reserves_nothing(user, chat_model):
+    gone = conversation_create(owner=user, messages=HISTORY[:1])
+    Conversation.objects.filter(pk=gone.pk).delete()
+
+    with pytest.raises(Conversation.DoesNotExist):
+        chat_turn(conversation=gone, message=user_message("Hi"))
+
+    assert chat_model.requests == [] and not ChatState.objects.exists()
+
+
 def test_a_turn_in_progress_refuses_another_until_it_is_stale(conversation, chat_model, settings):
-    Conversation.objects.filter(pk=conversation.pk).update(
+    ChatState.objects.filter(pk=conversation.pk).update(
         turn_owner="other-worker", turn_started_at=timezone.now()
     )
     with pytest.raises(TurnInProgress):
@@ -264,7 +283,7 @@ def test_a_turn_in_progress_refuses_another_until_it_is_stale(conversation, chat
     assert chat_model.requests == []
 
     stale = timezone.now() - timedelta(seconds=settings.CTXSUM.get("CHAT_TURN_SECONDS", 600) + 1)
-    Conversation.objects.filter(pk=conversation.pk).update(turn_started_at=stale)
+    ChatState.objects.filter(pk=conversation.pk).update(turn_started_at=stale)
     result = chat_turn(conversation=conversation, message=user_message("Hi"))
     assert result.turn.reply.content == fake_summary("Hi")
 
@@ -423,7 +442,7 @@ def test_a_stream_that_fails_to_open_is_retried(conversation, chat_model):
 def test_a_stream_closed_early_gives_its_reservation_back(conversation, chat_model, started):
     before = state(conversation)
     stream = chat_turn(conversation=conversation, message=user_message("Hi"), stream=True)
-    assert Conversation.objects.get(pk=conversation.pk).turn_owner  # reserved
+    assert ChatState.objects.get(pk=conversation.pk).turn_owner  # reserved
     if started:
         next(stream)
     stream.close()

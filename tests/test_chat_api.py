@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
-from ctxsum.models import ChatTurn, Conversation, Message
+from ctxsum.chat.models import ChatState, ChatTurn
+from ctxsum.models import Conversation, Message
 from ctxsum.services import conversation_create
 from tests.factories import long_user_message, tool_call, tool_result, user_message
 from tests.support.urls import api_url
@@ -122,7 +123,7 @@ def test_a_summary_failure_in_a_stream_is_a_json_502_and_no_byte_streamed(api, u
     assert response.json()["code"] == "summarizer_error"
     assert [body["model"] for body in chat_model.bodies] == ["summary-model-1"]
     assert stored(conversation) == before
-    assert Conversation.objects.get(pk=conversation.pk).chat_calls == 0
+    assert ChatState.objects.get(pk=conversation.pk).chat_calls == 0
 
 
 def test_a_stream_cut_off_midway_ends_with_an_error_event(api, conversation, chat_model):
@@ -138,7 +139,7 @@ def test_a_stream_cut_off_midway_ends_with_an_error_event(api, conversation, cha
     assert json.loads(data)["code"] == "model_error"
     assert len(parsed) >= 2 and all(event is None for event, _ in parsed[:-1])
     assert stored(conversation) == before
-    row = Conversation.objects.get(pk=conversation.pk)
+    row = ChatState.objects.get(pk=conversation.pk)
     assert (row.chat_calls, row.turn_owner) == (0, "")
     assert not ChatTurn.objects.exists()
 
@@ -165,7 +166,7 @@ def test_limits_and_the_turn_lock_have_their_codes(api, conversation, chat_model
         "conversation",
     )
     settings.CTXSUM = {**settings.CTXSUM, "CHAT_MAX_CALLS_PER_CONVERSATION": None}
-    Conversation.objects.filter(pk=conversation.pk).update(
+    ChatState.objects.filter(pk=conversation.pk).update(
         turn_owner="x", turn_started_at="2999-01-01T00:00Z"
     )
     response = chat(api, conversation)
@@ -246,7 +247,7 @@ def test_hostile_bodies_are_refused_naming_the_field(api, conversation, chat_mod
     assert field in json.dumps(response.json()), response.json()
     assert chat_model.requests == []
     assert stored(conversation) == before
-    assert Conversation.objects.get(pk=conversation.pk).chat_calls == 0
+    assert ChatState.objects.get(pk=conversation.pk).chat_calls == 0
 
 
 def test_the_admin_shows_turns_read_only(admin_client, api, conversation, chat_model):
@@ -254,11 +255,11 @@ def test_the_admin_shows_turns_read_only(admin_client, api, conversation, chat_m
 
     assert chat(api, conversation).status_code == 200
     turn = ChatTurn.objects.get()
-    listing = admin_client.get(reverse("admin:ctxsum_chatturn_changelist"))
+    listing = admin_client.get(reverse("admin:ctxsum_chat_chatturn_changelist"))
     assert listing.status_code == 200 and b"gpt-4o" in listing.content
-    page = admin_client.get(reverse("admin:ctxsum_chatturn_change", args=[turn.pk]))
+    page = admin_client.get(reverse("admin:ctxsum_chat_chatturn_change", args=[turn.pk]))
     assert page.status_code == 200
-    assert admin_client.get(reverse("admin:ctxsum_chatturn_add")).status_code == 403
+    assert admin_client.get(reverse("admin:ctxsum_chat_chatturn_add")).status_code == 403
 
 
 # --------------------------------------------------------------------------- Idempotency-Key

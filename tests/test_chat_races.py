@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 
-from ctxsum.exceptions import CallLimitReached, TurnInProgress
-from ctxsum.models import ChatCallDay, ChatTurn, Conversation, Message
+from ctxsum.chat.exceptions import CallLimitReached, TurnInProgress
+from ctxsum.chat.models import ChatCallDay, ChatState, ChatTurn
+from ctxsum.chat.services import chat_turn
+from ctxsum.models import Conversation, Message
 from ctxsum.selectors import context_get
-from ctxsum.services import chat_turn, conversation_create, message_append
+from ctxsum.services import conversation_create, message_append
 from tests.factories import user_message
 from tests.invariants import assert_context_invariants
 from tests.postgres import POSTGRES, held_openai, start
@@ -63,8 +65,8 @@ def test_a_second_turn_is_refused_at_once_while_one_is_in_flight(user, fake):
     result = first.outcome()
     assert [row.seq for row in result.messages] == [2, 3]
     assert len(fake.requests) == 1
-    row = Conversation.objects.get(pk=conversation.pk)
-    assert (row.turn_owner, row.chat_calls) == ("", 1)
+    state = ChatState.objects.get(pk=conversation.pk)
+    assert (state.turn_owner, state.chat_calls) == ("", 1)
 
 
 TURNS = 4
@@ -112,7 +114,8 @@ def test_turns_and_appends_racing_leave_every_pair_adjacent(user, fake):
     seqs = list(Message.objects.filter(conversation_id=pk).values_list("seq", flat=True))
     assert seqs == list(range(1 + APPENDS + 2 * TURNS * WORKERS))
     row = Conversation.objects.get(pk=pk)
-    assert (row.chat_calls, row.turn_owner) == (TURNS * WORKERS, "")
+    state = ChatState.objects.get(pk=pk)
+    assert (state.chat_calls, state.turn_owner) == (TURNS * WORKERS, "")
     assert refused, "the turns never met (the test proved nothing)"
     assert_context_invariants(row)
     assert len(context_get(conversation=row).messages) == len(seqs)
@@ -141,4 +144,4 @@ def test_two_turns_racing_for_the_last_call_of_the_day(user, fake, settings):
     assert len(fake.requests) == 1
     assert ChatCallDay.objects.get(user=user).calls == 1
     assert ChatTurn.objects.count() == 1
-    assert sorted(Conversation.objects.values_list("chat_calls", flat=True)) == [0, 1]
+    assert sorted(ChatState.objects.values_list("chat_calls", flat=True)) == [0, 1]

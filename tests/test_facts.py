@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ctxsum import formatting
+from ctxsum.chat.services import chat_turn
 from ctxsum.facts import merge as fact_merge
 from ctxsum.facts.block import block_message, block_tokens, candidates_limit, conversations_lock
 from ctxsum.facts.block import facts_recount as block_recount
@@ -28,7 +29,6 @@ from ctxsum.models import Conversation, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import context_get
 from ctxsum.services import (
-    chat_turn,
     conversation_compact,
     conversation_create,
     conversation_rebuild,

@@ -27,10 +27,9 @@ from ctxsum.api.idempotency import (
 )
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, IdempotencyKey, Message, Summary
-from ctxsum.services import conversation_create, message_append
+from ctxsum.services import LeaseLost, conversation_create, message_append
 from ctxsum.services.idempotency import (
     Claim,
-    ClaimLost,
     fingerprint,
     key_claim,
     keys_expired_delete,
@@ -395,7 +394,7 @@ def test_a_worker_whose_claim_was_taken_over_writes_nothing(api, conversation):
     assert takeover.token != slow.token and takeover.pk == slow.pk
     before = count(conversation)
 
-    with pytest.raises(ClaimLost):
+    with pytest.raises(LeaseLost):
         message_append(conversation=conversation, messages=[MESSAGE], idempotency=slow)
 
     assert count(conversation) == before

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from ctxsum import tokens
-from ctxsum.exceptions import ContextTooLong
-from ctxsum.models import ChatTurn, Conversation, Message
+from ctxsum.chat.exceptions import ContextTooLong
+from ctxsum.chat.models import ChatState, ChatTurn
+from ctxsum.chat.services import ChatResult, chat_turn
+from ctxsum.models import Conversation, Message
 from ctxsum.selectors import conversation_policy
-from ctxsum.services import chat_turn, conversation_create, conversation_update
-from ctxsum.services.chat import ChatResult
+from ctxsum.services import conversation_create, conversation_update
 from tests.factories import long_user_message, user_message
 
 pytestmark = pytest.mark.django_db
@@ -112,8 +113,8 @@ def test_a_stale_instance_is_held_to_the_rows_ceiling(user, chat_model):
     assert chat_bodies(chat_model) == []
     assert Message.objects.filter(conversation=stale).count() == messages_before
     assert not ChatTurn.objects.filter(conversation=stale).exists()
-    row = Conversation.objects.get(pk=stale.pk)
-    assert row.turn_owner == "" and row.chat_calls == 0
+    state = ChatState.objects.get(pk=stale.pk)
+    assert state.turn_owner == "" and state.chat_calls == 0
 
 
 def test_a_model_changed_during_the_call_counts_the_pair_with_the_new_encoding(user, chat_model):

@@ -19,10 +19,11 @@ from django.db import OperationalError
 from rest_framework.test import APIClient
 
 from ctxsum import signals
+from ctxsum.chat import turns as turns_service
+from ctxsum.chat.models import ChatCallDay, ChatState
 from ctxsum.models import CompactionAttempt, Conversation, IdempotencyKey, Message, Summary
 from ctxsum.policy import Reason, failure_reason
 from ctxsum.services import conversation_create
-from ctxsum.services import turns as turns_service
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.summarizers.base import Summarizer
@@ -180,7 +181,7 @@ def test_an_unusable_database_is_logged_not_raised_over_the_interruption(
 def test_an_interrupted_chat_turn_gives_its_reservation_back(
     user, settings, monkeypatch, interruption
 ):
-    from ctxsum.services import chat
+    from ctxsum.chat import services as chat
 
     settings.CTXSUM = {"SUMMARIZER": OFFLINE_SUMMARIZER, "CHAT_MAX_CALLS_PER_USER_PER_DAY": 5}
     conversation = conversation_create(owner=user, system="Be brief.", messages=HISTORY[:2])
@@ -192,18 +193,16 @@ def test_an_interrupted_chat_turn_gives_its_reservation_back(
     with pytest.raises(interruption):
         chat.chat_turn(conversation=conversation, message=user_message("Hi"))
 
-    row = Conversation.objects.get(pk=conversation.pk)
+    row = ChatState.objects.get(pk=conversation.pk)
     assert (row.turn_owner, row.turn_started_at, row.chat_calls) == ("", None, 0)
     assert Message.objects.filter(conversation=conversation).count() == 3
-    from ctxsum.models import ChatCallDay
-
     assert list(ChatCallDay.objects.values_list("calls", flat=True)) == [0]
 
 
 def test_a_turn_release_on_an_unusable_database_is_logged_not_raised(
     user, settings, monkeypatch, caplog
 ):
-    from ctxsum.services import chat
+    from ctxsum.chat import services as chat
 
     settings.CTXSUM = {"SUMMARIZER": OFFLINE_SUMMARIZER}
     conversation = conversation_create(owner=user, system="Be brief.", messages=HISTORY[:2])
@@ -222,7 +221,7 @@ def test_a_turn_release_on_an_unusable_database_is_logged_not_raised(
     ):
         chat.chat_turn(conversation=conversation, message=user_message("Hi"))
     assert "Could not give back the turn reservation" in caplog.text
-    assert Conversation.objects.get(pk=conversation.pk).turn_owner != ""
+    assert ChatState.objects.get(pk=conversation.pk).turn_owner != ""
 
 
 @pytest.mark.parametrize("interrupted", INTERRUPTIONS, indirect=True)

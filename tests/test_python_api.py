@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from ctxsum import selectors, services
+from ctxsum.chat import selectors as chat_selectors
+from ctxsum.chat import services as chat_services
 from ctxsum.facts import services as fact_services
 from ctxsum.models import Conversation
 from tests import query_budgets as budget
@@ -49,6 +51,23 @@ def test_the_facts_app_exports_what_the_readme_documents():
     for name in writes:
         parameters = inspect.signature(getattr(fact_services, name)).parameters.values()
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters), name
+
+
+def documented_chat(module: str) -> set[str]:
+    """The names the README gives under the table for ``module`` of the app ctxsum.chat."""
+    section = README.read_text(encoding="utf-8").split("### The Python API", 1)[1]
+    line = section[section.index(f"`{module}` adds") :].split("\n\n", 1)[0]
+    return set(re.findall(r"`([A-Za-z_]+)`", line.split(":", 1)[1]))
+
+
+def test_the_chat_app_exports_what_the_readme_documents():
+    writes = documented_chat("ctxsum.chat.services")
+    assert writes == set(chat_services.__all__) == {"chat_turn", "ChatResult", "ChatStream"}
+    assert documented_chat("ctxsum.chat.selectors") == set(chat_selectors.__all__)
+    core = set(services.__all__) | set(selectors.__all__)
+    assert not (writes | set(chat_selectors.__all__)) & core
+    parameters = inspect.signature(chat_services.chat_turn).parameters.values()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters)
 
 
 def test_the_packages_export_what_the_readme_documents():

@@ -12,9 +12,12 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from ctxsum.chat import turns
+from ctxsum.chat.models import ChatState
+from ctxsum.chat.turns import TURN
 from ctxsum.exceptions import CtxsumError
 from ctxsum.models import Conversation
-from ctxsum.services import conversation_create, idempotency, leases, turns
+from ctxsum.services import conversation_create, idempotency, leases
 from ctxsum.services.row_lease import LeaseLost, RowLease
 from tests.postgres import POSTGRES, blocked, start, wait_until
 
@@ -27,9 +30,6 @@ LEASE = RowLease(
     owner="lease_owner",
     since="leased_at",
     stale_after=lambda: seconds["stale_after"],
-)
-TURN = RowLease(
-    model=Conversation, owner="turn_owner", since="turn_started_at", stale_after=lambda: 600
 )
 
 
@@ -70,23 +70,27 @@ def test_a_free_lease_is_taken_and_a_held_one_is_not(row, django_assert_num_quer
     assert (fresh(row).lease_owner, fresh(row).leased_at) == (token, now)
 
 
-def test_two_leases_on_one_row_are_independent(row):
+def chat_state(row: Conversation) -> ChatState:
+    return ChatState.objects.get(pk=row.pk)
+
+
+def test_the_compaction_lease_and_the_turn_lock_are_independent(row):
     lease = LEASE.take(row, db="default")
-    turn = TURN.take(row, db="default")
+    turn = TURN.take(row.pk, db="default")
 
     assert lease and turn and lease != turn
     assert LEASE.release(row, lease, db="default")
-    assert fresh(row).turn_owner == turn
+    assert chat_state(row).turn_owner == turn
 
 
 def test_a_take_sets_its_extra_fields_and_honours_its_condition(row):
     calls = F("chat_calls") + 1
-    assert TURN.take(row, db="default", where=Q(chat_calls__lt=0), chat_calls=calls) is None
-    assert (fresh(row).turn_owner, fresh(row).chat_calls) == ("", 0)
+    assert TURN.take(row.pk, db="default", where=Q(chat_calls__lt=0), chat_calls=calls) is None
+    assert (chat_state(row).turn_owner, chat_state(row).chat_calls) == ("", 0)
 
-    token = TURN.take(row, db="default", where=Q(chat_calls__lt=1), chat_calls=calls)
+    token = TURN.take(row.pk, db="default", where=Q(chat_calls__lt=1), chat_calls=calls)
 
-    assert (fresh(row).turn_owner, fresh(row).chat_calls) == (token, 1)
+    assert (chat_state(row).turn_owner, chat_state(row).chat_calls) == (token, 1)
 
 
 def test_taking_the_lease_of_a_row_that_is_gone_raises_its_does_not_exist(row):
@@ -255,7 +259,9 @@ def test_free_matches_the_rows_a_take_would_take(row, user):
 
 def test_the_three_leases_raise_one_lost_exception():
     assert issubclass(LeaseLost, CtxsumError)
-    assert leases.LeaseLost is turns.TurnLost is idempotency.ClaimLost is LeaseLost
+    assert leases.LeaseLost is LeaseLost
+    # No alias of it: the turn lock and the Idempotency-Key claim raise LeaseLost itself.
+    assert not hasattr(turns, "TurnLost") and not hasattr(idempotency, "ClaimLost")
 
 
 # --------------------------------------------------------------------------- row locks
@@ -272,7 +278,8 @@ def test_the_lock_holds_the_row_until_the_commit(row):
     token = LEASE.take(row, db="default")
     with transaction.atomic():
         LEASE.lock(row, token, db="default")
-        # Another worker's take of the turn lock, an UPDATE of the same row, waits.
-        other = start(lambda: TURN.take(row.pk, db="default"))
+        # Another worker's UPDATE of the same row (its title) waits.
+        rows = Conversation.objects.filter(pk=row.pk)
+        other = start(lambda: rows.update(title="other"))
         assert wait_until(lambda: blocked(other.pid)), "the take did not wait for the lock"
     assert other.outcome() is not None

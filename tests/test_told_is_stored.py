@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, OperationalError, connection
 
+import ctxsum.chat.services
 import ctxsum.selectors
 import ctxsum.services
-import ctxsum.services.chat
 import ctxsum.services.compaction
 import ctxsum.services.rebuild
-from ctxsum.models import ChatTurn, Conversation, Message, Summary
+from ctxsum.chat.models import ChatTurn
+from ctxsum.models import Conversation, Message, Summary
 from ctxsum.services import conversation_create
 from ctxsum.signals import messages_appended
 from tests.factories import booked_conversation, long_user_message, user_message
@@ -98,7 +99,7 @@ def test_a_stored_turn_is_a_success_when_the_database_goes_after_its_commit(
     api, chatting, chat_model, monkeypatch, gone, caplog, stream
 ):
     chat_model.reply = "Stored."
-    fail_after(monkeypatch, gone, ctxsum.services.chat, "_commit")
+    fail_after(monkeypatch, gone, ctxsum.chat.services, "_commit")
     body = {"message": user_message("Question?"), "stream": stream}
 
     response = api.post(api_url("chat", chatting), body, format="json")
@@ -290,7 +291,7 @@ def test_a_streamed_turn_whose_keys_answer_cannot_be_stored_still_ends_with_its_
 ):
     """The key was marked applied in the turn's transaction: a retry with it runs nothing,
     whether or not the answer could be stored beside it."""
-    fail_after(monkeypatch, gone, ctxsum.services.chat, "_commit")
+    fail_after(monkeypatch, gone, ctxsum.chat.services, "_commit")
     url = api_url("chat", chatting)
     body = {"message": user_message("Question?"), "stream": True}
 

@@ -79,7 +79,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
                     ("message_count", "active_message_count", "next_seq"),
                     ("active_tokens", "facts_tokens", "revision"),
                     ("lease_owner", "leased_at"),
-                    ("chat_calls", "turn_owner", "turn_started_at"),
                     ("created_at", "updated_at"),
                     "id",
                 )
@@ -98,9 +97,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         "revision",
         "lease_owner",
         "leased_at",
-        "chat_calls",
-        "turn_owner",
-        "turn_started_at",
         "created_at",
         "updated_at",
     )

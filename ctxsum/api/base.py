@@ -26,7 +26,6 @@ from ctxsum.api import paths
 from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import (
     CONVERSATION_NOT_FOUND,
-    CallLimit,
     LengthRequired,
     PayloadTooLarge,
     SummarizerFailed,
@@ -108,8 +107,6 @@ class CtxsumView(GenericAPIView[Any]):
         if isinstance(exc, SummarizerFailed):
             # summarizer_error, or summary_truncated for an answer cut off at its limit.
             response.data["reason"] = str(exc.reason)
-        if isinstance(exc, CallLimit):
-            response.data["scope"] = exc.scope
         return response
 
     def page_response(self, rows: QuerySet[Any], output: type[Serializer[Any]]) -> Response:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from django.core.exceptions import RequestDataTooBig
@@ -11,19 +10,9 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 
-from ctxsum.exceptions import (
-    CallLimitReached,
-    ContextRedacted,
-    ContextTooLong,
-    ModelError,
-    SummarizerError,
-    TooLarge,
-    TurnInProgress,
-)
+from ctxsum.exceptions import SummarizerError, TooLarge
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason, failure_reason
-
-logger = logging.getLogger("ctxsum.api")
 
 CONVERSATION_NOT_FOUND = _("No such conversation.")
 SUMMARY_CUT_OFF = _(
@@ -54,60 +43,6 @@ class SummarizerFailed(exceptions.APIException):
         self.reason = reason
 
 
-class TurnConflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = _("Another turn of this conversation is in progress.")
-    default_code = "turn_in_progress"
-
-
-class ContextRedactedConflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = _("A message the model was sent was redacted during its call.")
-    default_code = "context_redacted"
-
-
-class CallLimit(exceptions.APIException):
-    status_code = status.HTTP_429_TOO_MANY_REQUESTS
-    default_detail = _("A limit of model calls is reached.")
-    default_code = "call_limit_reached"
-
-    def __init__(self, detail: str, *, scope: str) -> None:
-        super().__init__(detail)
-        self.scope = scope
-
-
-class ContextTooLongError(exceptions.APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = _("The context is over max_context_tokens, even after compaction.")
-    default_code = "context_too_long"
-
-
-class ModelFailed(exceptions.APIException):
-    status_code = status.HTTP_502_BAD_GATEWAY
-    default_detail = _("The model failed after its retries and fallbacks; nothing was stored.")
-    default_code = "model_error"
-
-
-def _chat_exception(exc: Exception) -> Exception:
-    """A chat turn's domain errors as the HTTP errors they mean."""
-    if isinstance(exc, TurnInProgress):
-        return TurnConflict(str(exc))
-    if isinstance(exc, CallLimitReached):
-        return CallLimit(str(exc), scope=exc.scope)
-    if isinstance(exc, ContextTooLong):
-        return ContextTooLongError(str(exc))
-    if isinstance(exc, ContextRedacted):
-        return ContextRedactedConflict(str(exc))
-    if isinstance(exc, ModelError):
-        # The provider's own words go to the log, not to the client: an operational
-        # event, not a bug, so no traceback.
-        logger.error("Chat model error: %s", exc)
-        return ModelFailed()
-    if isinstance(exc, SummarizerError):
-        return SummarizerFailed(reason=failure_reason(exc))
-    return exc
-
-
 # An installed app's domain errors as the HTTP errors they mean: a function per app, which
 # answers None for an error that is not its own (``map_app_errors``).
 ErrorMapping = Callable[[Exception], Exception | None]
@@ -121,8 +56,9 @@ def map_app_errors(name: str, mapping: ErrorMapping) -> None:
 
 
 def api_exception(exc: Exception) -> Exception:
-    """Domain errors as the HTTP errors they mean."""
-    exc = _chat_exception(exc)
+    """Domain errors as the HTTP errors they mean: the core's, then each installed app's."""
+    if isinstance(exc, SummarizerError):
+        return SummarizerFailed(reason=failure_reason(exc))
     if isinstance(exc, TooLarge | RequestDataTooBig):
         return PayloadTooLarge(str(exc))
     if isinstance(exc, RecursionError):

@@ -33,8 +33,8 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.services import (
     Answer,
     Claim,
-    ClaimLost,
     Found,
+    LeaseLost,
     fingerprint,
     key_answer,
     key_claim,
@@ -175,7 +175,7 @@ def idempotent(handler: Handler) -> Handler:
         view.idempotency = found
         try:
             response = handler(view, request, *args, **kwargs)
-        except ClaimLost as error:
+        except LeaseLost as error:
             # An abandoned claim was taken over by a retry: that one runs, this one stops.
             raise IdempotencyKeyInProgress from error
         except BaseException:

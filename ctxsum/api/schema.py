@@ -25,7 +25,7 @@ from rest_framework import serializers
 from ctxsum import message_schema
 from ctxsum.api import paths
 from ctxsum.conf import ctxsum_settings
-from ctxsum.message_schema import NULL, closed, const, nullable, string
+from ctxsum.message_schema import NULL, closed, nullable, string
 from ctxsum.policy import UNITS, Reason
 
 if TYPE_CHECKING:
@@ -38,22 +38,6 @@ Ref = Callable[[type[serializers.Serializer[Any]] | str], Schema]
 
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
-# A streamed answer: server-sent events, each one as a client parses it (its event name,
-# "message" when it has none, and its data), the data's forms described in words.
-SERVER_SENT_EVENTS = OpenApiResponse(
-    response={
-        "type": "object",
-        "properties": {
-            "event": {"type": "string", "enum": ["message", "ctxsum", "error"]},
-            "data": {"type": "string"},
-        },
-        "required": ["data"],
-    },
-    description="Server-sent events: `data: {chat.completion.chunk}` for each chunk of the "
-    "model's answer, then `event: ctxsum` with this operation's JSON answer as its data, then "
-    '`data: [DONE]`; or `event: error` with `{"detail", "code"}` when the turn fails '
-    "after its first chunk (nothing is stored).",
-)
 
 
 def path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter:
@@ -200,57 +184,6 @@ class SystemPrompt(RawSchema):
     schema = _or_null(message_schema.ref("TextContent"))
 
 
-# "function", the one tool type; wrapped so that drf-spectacular's enum hook leaves it alone
-# (ToolCall's own type enum already has the name it would take).
-FUNCTION_TYPE = {"allOf": [const("function")]}
-FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
-
-
-class TurnMessage(RawSchema):
-    """A chat turn's new message: a user message or a tool result; null continues after
-    results appended through the messages endpoint."""
-
-    schema = {"oneOf": [message_schema.ref("UserMessage"), message_schema.ref("ToolMessage"), NULL]}
-
-
-class Tools(RawSchema):
-    """The tools the model may call, as OpenAI's chat completions API takes them."""
-
-    _function = closed(
-        {
-            "name": FUNCTION_NAME,
-            "description": string(),
-            "parameters": {"type": "object"},
-            "strict": _or_null({"type": "boolean"}),
-        },
-        required=("name",),
-    )
-    _tool = closed({"type": FUNCTION_TYPE, "function": _function}, ("type", "function"))
-    schema = _or_null({"type": "array", "minItems": 1, "maxItems": 128, "items": _tool})
-
-
-class ToolChoice(RawSchema):
-    """Whether and which tool the model must call."""
-
-    _named = closed(
-        {"type": FUNCTION_TYPE, "function": closed({"name": FUNCTION_NAME}, ("name",))},
-        required=("type", "function"),
-    )
-    schema = {"oneOf": [{"type": "string", "enum": ["none", "auto", "required"]}, _named, NULL]}
-
-
-class Temperature(RawSchema):
-    """Sampling temperature, passed on to the model."""
-
-    schema = _or_null({"type": "number", "minimum": 0, "maximum": 2})
-
-
-class MaxCompletionTokens(RawSchema):
-    """The reply's token cap, passed on to the model."""
-
-    schema = _or_null({"type": "integer", "minimum": 1, "maximum": 2**31 - 1})
-
-
 # --------------------------------------------------------------------------- policy
 
 
@@ -308,6 +241,7 @@ class EffectivePolicy(RawSchema):
 # --------------------------------------------------------------------------- answers
 
 
+# A conversation's counts; an optional app adds its own keys after these (``stats_keys``).
 class ConversationStats(serializers.Serializer[Any]):
     message_count = serializers.IntegerField(min_value=0)
     active_message_count = serializers.IntegerField(min_value=0)
@@ -318,12 +252,6 @@ class ConversationStats(serializers.Serializer[Any]):
     tokens_saved = serializers.IntegerField(
         min_value=0, help_text="Tokens of the archived messages minus the active summary's."
     )
-    chat_turns = serializers.IntegerField(min_value=0, help_text="Chat turns stored.")
-    prompt_tokens = serializers.IntegerField(
-        min_value=0, help_text="Of every chat turn, as the provider reported them."
-    )
-    completion_tokens = serializers.IntegerField(min_value=0)
-    cached_tokens = serializers.IntegerField(min_value=0)
 
 
 class Covers(serializers.Serializer[Any]):
@@ -393,15 +321,6 @@ class BadGateway(Error):
     )
 
 
-class TooManyCalls(Error):
-    """A chat turn over a limit of model calls (``call_limit_reached``)."""
-
-    scope = serializers.ChoiceField(
-        choices=[("conversation", "conversation"), ("user_day", "user_day")],
-        help_text="Which limit: the conversation's, or the user's for the (UTC) day.",
-    )
-
-
 class FieldErrors(RawSchema):
     """Messages per field: ``{"title": ["…"]}``; nested for ``policy``, and for a batch one
     object per message (``{"messages": [{}, {"role": ["…"]}]}``)."""
@@ -443,12 +362,24 @@ ERRORS = {
     ),
     413: (Error, "The body, a message or a batch is over its limit."),
     415: (Error, "The body is not JSON."),
-    429: (TooManyCalls, "A limit of model calls is reached (call_limit_reached)."),
     502: (
         BadGateway,
         "The summarizer (or, for a chat turn, the model) failed; nothing was changed.",
     ),
 }
+
+
+def stats_keys(**fields: serializers.Field[Any, Any, Any, Any]) -> None:
+    """Add an app's keys, after the core's, to ``ConversationStats`` (the values come from
+    its reader, ``ctxsum.hooks.contribute_stats``)."""
+    ConversationStats._declared_fields.update(fields)
+
+
+def error_answer(code: int, answer: type[serializers.Serializer[Any]], description: str) -> None:
+    """Declare an app's error answer ``code`` (one ``errors_too`` may then name)."""
+    ERRORS[code] = (answer, description)
+
+
 # Every operation can answer these.
 ALWAYS = (401, 403, 404, 406)
 # And every one that takes a body these.

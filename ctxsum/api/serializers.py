@@ -15,7 +15,7 @@ from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.api import schema
-from ctxsum.models import ChatTurn, Conversation, Message, Summary
+from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
 from ctxsum.services import MAX_SUBJECT_CHARS
 from ctxsum.validation import NOT_A_STRING, UNKNOWN_FIELD, field_name
@@ -133,26 +133,6 @@ class CompactInputSerializer(StrictSerializer):
 
 class EmptyInputSerializer(StrictSerializer):
     """A body with no fields: ``{}``, or no body at all."""
-
-
-TurnMessageField = checked_by_service(schema.TurnMessage)
-ToolsField = checked_by_service(schema.Tools)
-ToolChoiceField = checked_by_service(schema.ToolChoice)
-TemperatureField = checked_by_service(schema.Temperature)  # a JSON number, not a string
-MaxCompletionTokensField = checked_by_service(schema.MaxCompletionTokens)  # a JSON integer
-
-
-class ChatInputSerializer(StrictSerializer):
-    """A chat turn: ``message`` is required (null continues after tool results); the options
-    are passed on to the model, each checked by the service; null leaves one unset."""
-
-    message = TurnMessageField(allow_null=True)
-    stream = serializers.BooleanField(default=False)
-    model = StringField(required=False, allow_null=True)
-    tools = ToolsField(required=False, allow_null=True)
-    tool_choice = ToolChoiceField(required=False, allow_null=True)
-    temperature = TemperatureField(required=False, allow_null=True)
-    max_completion_tokens = MaxCompletionTokensField(required=False, allow_null=True)
 
 
 # --------------------------------------------------------------------------- output
@@ -345,45 +325,6 @@ class AppendOutputSerializer(LeftOutWhenNone):
     left_out = ("compaction",)
     messages = MessageOutputSerializer(many=True)
     compaction = AutoCompactionOutputSerializer(allow_null=True)
-
-
-class ChatUsageOutputSerializer(serializers.ModelSerializer[ChatTurn]):
-    """A stored turn's record: the model that answered, the attempts it took, and the usage
-    the provider reported (null where it reported none)."""
-
-    class Meta:
-        model = ChatTurn
-        fields = [
-            "model",
-            "requested_model",
-            "attempts",
-            "fallbacks",
-            "prompt_tokens",
-            "completion_tokens",
-            "cached_tokens",
-            "total_tokens",
-            "latency_ms",
-            "finish_reason",
-            "streamed",
-        ]
-        read_only_fields = fields
-
-
-class ChatOutputSerializer(serializers.Serializer[Any]):
-    """What a chat turn stored (``services.ChatResult``): the new message and the reply, the
-    turn's usage, the compaction before the call (null when none was due), and the
-    conversation's stats after it (null when they could not be read: the turn is stored)."""
-
-    messages = MessageOutputSerializer(many=True)
-    usage = ChatUsageOutputSerializer(source="turn")
-    compaction = AutoCompactionOutputSerializer(allow_null=True)
-    stats = serializers.SerializerMethodField()
-
-    @extend_schema_field(schema.ConversationStats(allow_null=True))
-    def get_stats(self, result: Any) -> dict[str, int] | None:
-        conversation = result.conversation
-        stats = partial(selectors.conversation_stats, conversation=conversation)
-        return read_after_write("stats", conversation.pk, stats)
 
 
 class CompactionOutputSerializer(LeftOutWhenNone):

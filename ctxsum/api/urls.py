@@ -7,7 +7,7 @@ from importlib import import_module
 from django.apps import apps
 from django.urls import path, register_converter
 
-from ctxsum.api import chat, paths, views
+from ctxsum.api import paths, views
 
 app_name = "ctxsum"
 
@@ -28,7 +28,6 @@ urlpatterns = [
     ),
     path(f"{CONVERSATION}context/", views.ContextDetail.as_view(), name="context"),
     path(f"{CONVERSATION}compact/", views.ConversationCompact.as_view(), name="compact"),
-    path(f"{CONVERSATION}chat/", chat.ConversationChat.as_view(), name="chat"),
     path(f"{CONVERSATION}summaries/", views.SummaryList.as_view(), name="summary-list"),
     path(
         f"{CONVERSATION}summaries/rebuild/", views.SummaryRebuild.as_view(), name="summary-rebuild"

@@ -1,5 +1,5 @@
 """REST endpoints: parse the request, call one service or selector, shape the answer.
-The chat turn is in ``ctxsum.api.chat``, the base view in ``ctxsum.api.base``."""
+The chat turn is the ``ctxsum.chat`` app's, the base view in ``ctxsum.api.base``."""
 
 from __future__ import annotations
 

@@ -4,10 +4,10 @@ commands call these, importing from this package, never from its modules; so can
 The first group is the API the README documents for your code; the second is what the
 REST layer, the admin and the commands also need (requests' Idempotency-Keys, the checks
 behind the edit form, imports with progress, the background compaction's entry point).
+The chat turn's writes are the ``ctxsum.chat`` app's own (``ctxsum.chat.services``).
 """
 
 from ctxsum.services.autocompact import conversation_compact_queued
-from ctxsum.services.chat import ChatResult, ChatStream, chat_turn
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import (
     MAX_SUBJECT_CHARS,
@@ -22,7 +22,6 @@ from ctxsum.services.conversations import (
 from ctxsum.services.idempotency import (
     Answer,
     Claim,
-    ClaimLost,
     Found,
     fingerprint,
     key_answer,
@@ -44,11 +43,11 @@ from ctxsum.services.messages import message_append
 from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.services.redaction import WITHHELD, message_redact
 from ctxsum.services.revert import conversation_revert
+from ctxsum.services.row_lease import LeaseLost
 from ctxsum.services.transactions import write_db
 
 # The Python API (README, "The Python API").
 __all__ = [
-    "chat_turn",
     "conversation_compact",
     "conversation_compact_queued",
     "conversation_create",
@@ -69,11 +68,9 @@ __all__ += [
     "REASONS_SHOWN",
     "WITHHELD",
     "Answer",
-    "ChatResult",
-    "ChatStream",
     "Claim",
-    "ClaimLost",
     "Found",
+    "LeaseLost",
     "RecordInvalid",
     "Tally",
     "error_reason",

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation, IdempotencyKey
-from ctxsum.services.row_lease import LeaseLost, RowLease
+from ctxsum.services.row_lease import RowLease
 from ctxsum.services.transactions import write_db
 
 logger = logging.getLogger("ctxsum.idempotency")
@@ -44,7 +44,6 @@ CLAIM = RowLease(
     since="claimed_at",
     stale_after=lambda: ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS,
 )
-ClaimLost = LeaseLost  # another request took the claim over: its write must not commit
 
 
 class Found(enum.Enum):
@@ -138,7 +137,7 @@ def _expired(found: IdempotencyKey, now: datetime) -> bool:
 
 def key_applied(claim: Claim | None) -> None:
     """Mark the claim applied; call inside the transaction of the write it guards, so the
-    two commit together. Raises ClaimLost (rolling the write back) when another request
+    two commit together. Raises LeaseLost (rolling the write back) when another request
     took the claim over. No claim: nothing to do, and no query."""
     if claim is not None:
         CLAIM.update(claim.pk, claim.token, db=claim.db, applied_at=timezone.now())

@@ -1,7 +1,7 @@
 """The OpenAI-compatible summarizer: one chat completion against any base URL.
 
 Works with OpenAI, Azure's OpenAI-compatible endpoint, vLLM, Ollama, llama.cpp and anything
-else that speaks ``POST /v1/chat/completions``. Beside ``ctxsum.llm`` (the chat turn's
+else that speaks ``POST /v1/chat/completions``. Beside ``ctxsum.chat.client`` (the chat turn's
 client) this is the only module importing ``openai``.
 """
 

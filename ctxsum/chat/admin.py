@@ -1,5 +1,6 @@
-"""Chat turns: read-only, one row per stored turn with the model that answered, its attempts
-and fallbacks, and the usage the provider reported."""
+"""The chat app's admin, read-only: the stored turns (the model that answered, its attempts
+and fallbacks, the usage the provider reported) and each conversation's chat state (its
+calls and its turn lock). Found by the admin's autodiscovery of the app."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from django.contrib import admin
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.admin.base import ReadOnlyMixin, conversation_link, short_time
-from ctxsum.models import ChatTurn
+from ctxsum.chat.models import ChatState, ChatTurn
 
 if TYPE_CHECKING:
     TurnModelAdmin = admin.ModelAdmin[ChatTurn]
+    StateModelAdmin = admin.ModelAdmin[ChatState]
 else:
-    TurnModelAdmin = admin.ModelAdmin
+    TurnModelAdmin = StateModelAdmin = admin.ModelAdmin
 
 
 @admin.register(ChatTurn)
@@ -44,4 +46,18 @@ class ChatTurnAdmin(ReadOnlyMixin, TurnModelAdmin):
 
     @admin.display(description=_("conversation"), ordering="conversation__title")
     def conversation_title(self, obj: ChatTurn) -> str:
+        return conversation_link(obj.conversation, chars=32)
+
+
+@admin.register(ChatState)
+class ChatStateAdmin(ReadOnlyMixin, StateModelAdmin):
+    list_display = ("conversation_title", "chat_calls", "turn_owner", "turn_started_at")
+    list_select_related = ("conversation",)
+    list_per_page = 50
+    show_full_result_count = False
+    search_fields = ("conversation__id", "conversation__title")
+    readonly_fields = [field.name for field in ChatState._meta.fields]
+
+    @admin.display(description=_("conversation"), ordering="conversation__title")
+    def conversation_title(self, obj: ChatState) -> str:
         return conversation_link(obj.conversation, chars=32)

@@ -2,10 +2,10 @@
 OpenAI-compatible base URL (``CHAT_OPTIONS``).
 
 Beside ``ctxsum.summarizers.openai`` this is the only module that imports ``openai``. It
-makes exactly one HTTP request per call (the client's own retries are off): the chat
-service (services/chat.py) retries transient errors and falls back to other models itself,
-so every attempt is visible to it and to its tests. Every failure is a ``ModelError`` that
-says whether another try could succeed.
+makes exactly one HTTP request per call (the client's own retries are off): the turn's
+model calls (``ctxsum.chat.model_calls``) retry transient errors and fall back to other
+models themselves, so every attempt is visible to them and to their tests. Every failure
+is a ``ModelError`` that says whether another try could succeed.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 import openai
 
-from ctxsum.completions import Usage, reply_message
-from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import ModelError
+from ctxsum.chat.completions import Usage, reply_message
+from ctxsum.chat.conf import chat_settings
+from ctxsum.chat.exceptions import ModelError
 from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS, PLACEHOLDER_API_KEY, error_detail
 
 OPTIONS = frozenset({"base_url", "api_key", "extra_body", "max_tokens_param"})
@@ -55,8 +55,8 @@ def chat_client() -> openai.OpenAI:
     """The client for CHAT_OPTIONS and CHAT_TIMEOUT, built once per configuration (so its
     connection pool lives for the process) and rebuilt when they change."""
     global _cached
-    options = ctxsum_settings.CHAT_OPTIONS or {}
-    key = json.dumps([options, ctxsum_settings.CHAT_TIMEOUT], sort_keys=True, default=str)
+    options = chat_settings.CHAT_OPTIONS or {}
+    key = json.dumps([options, chat_settings.CHAT_TIMEOUT], sort_keys=True, default=str)
     cached = _cached
     if cached is not None and cached[0] == key:
         return cached[1]
@@ -71,7 +71,7 @@ def chat_client() -> openai.OpenAI:
                 client = openai.OpenAI(
                     api_key=api_key,
                     base_url=base_url,
-                    timeout=ctxsum_settings.CHAT_TIMEOUT,
+                    timeout=chat_settings.CHAT_TIMEOUT,
                     max_retries=0,
                 )
             except openai.OpenAIError as exc:
@@ -82,7 +82,7 @@ def chat_client() -> openai.OpenAI:
 
 def request_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """The turn's options as keyword arguments of ``chat.completions.create``."""
-    settings = ctxsum_settings.CHAT_OPTIONS or {}
+    settings = chat_settings.CHAT_OPTIONS or {}
     extra = {key: value for key, value in options.items() if key != "max_completion_tokens"}
     if "max_completion_tokens" in options:
         param = settings.get("max_tokens_param") or MAX_TOKENS_PARAMS[0]
@@ -138,7 +138,7 @@ def model_error(exc: BaseException) -> ModelError:
     """An exception of the openai client as a ModelError that says whether to retry."""
     # APITimeoutError is an APIConnectionError: it must come first.
     if isinstance(exc, openai.APITimeoutError):
-        timeout = float(ctxsum_settings.CHAT_TIMEOUT)
+        timeout = float(chat_settings.CHAT_TIMEOUT)
         return ModelError(TIMED_OUT.format(timeout=timeout), transient=True, cause=exc)
     if isinstance(exc, openai.APIConnectionError):
         return ModelError(CONNECTION_FAILED, transient=True, cause=exc)
@@ -189,4 +189,3 @@ def _tool_call(call: Any) -> dict[str, Any]:
             "arguments": getattr(function, "arguments", None),
         },
     }
-

@@ -1,5 +1,6 @@
-"""The chat turn over REST: one call of ``services.chat_turn``, answered as JSON or as
-server-sent events (docs/architecture.md, "The chat turn")."""
+"""The chat turn over REST: one call of ``chat_turn``, answered as JSON or as server-sent
+events (docs/architecture.md, "The chat turn"). Its route joins the core's through
+``ctxsum.chat.urls``."""
 
 from __future__ import annotations
 
@@ -14,21 +15,18 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ctxsum import services
 from ctxsum.api import schema
 from ctxsum.api.base import CtxsumView
 from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import api_exception
 from ctxsum.api.idempotency import idempotent
-from ctxsum.api.serializers import (
-    ChatInputSerializer,
-    ChatOutputSerializer,
-)
-from ctxsum.completions import sse
-from ctxsum.exceptions import (
-    MessagesInvalid,
-)
-from ctxsum.services import ChatResult, ChatStream, Claim, key_answer, key_release
+from ctxsum.chat import schema as chat_schema
+from ctxsum.chat.api_exceptions import CallLimit
+from ctxsum.chat.completions import sse
+from ctxsum.chat.serializers import ChatInputSerializer, ChatOutputSerializer
+from ctxsum.chat.services import ChatResult, ChatStream, chat_turn
+from ctxsum.exceptions import MessagesInvalid
+from ctxsum.services import Claim, key_answer, key_release
 
 logger = logging.getLogger("ctxsum.api")
 
@@ -49,7 +47,7 @@ class ConversationChat(CtxsumView):
         ChatOutputSerializer,
         request=ChatInputSerializer,
         errors_too=[*schema.BODY, 409, 429, 502],
-        streamed=schema.SERVER_SENT_EVENTS,
+        streamed=chat_schema.SERVER_SENT_EVENTS,
         description='With `"stream": true` the answer is `text/event-stream`: every chunk '
         "of the model's answer as `data: {chat.completion.chunk}`, then `event: ctxsum` "
         "whose data is this operation's JSON answer, then `data: [DONE]`; a failure after "
@@ -68,7 +66,7 @@ class ConversationChat(CtxsumView):
         fields = {k: v for k, v in serializer.validated_data.items() if v is not None}
         stream = fields.pop("stream", False)
         try:
-            result = services.chat_turn(
+            result = chat_turn(
                 conversation=conversation,
                 message=fields.pop("message", None),
                 stream=stream,
@@ -84,6 +82,15 @@ class ConversationChat(CtxsumView):
         if isinstance(result, ChatStream):
             return event_stream(result, first, claim=self.idempotency)
         return Response(ChatOutputSerializer(result).data)
+
+    def handle_exception(self, exc: Exception) -> Response:
+        """Errors as the API answers them (the turn's own through ``api_exception``); a 429
+        names its ``scope``."""
+        exc = api_exception(exc)
+        response = super().handle_exception(exc)
+        if isinstance(exc, CallLimit):
+            response.data["scope"] = exc.scope
+        return response
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # An EventSource asks for text/event-stream: answered as such when streaming, and

@@ -3,12 +3,12 @@ it answers.
 
 The order (docs/architecture.md, "The chat turn"):
 1. check the new message and the options: a bad one is refused before anything happens;
-2. reserve: the conversation's turn lock and one call of each limit (services/turns.py);
+2. reserve: the conversation's turn lock and one call of each limit (turns.py);
 3. compact, through the compaction lease, if the context with the new message reaches the
    trigger or the ceiling; the summarizer call is never counted nor retried;
 4. refuse with ContextTooLong when the context with the new message is still over
    MAX_CONTEXT_TOKENS;
-5. call the model with retries and fallbacks (services/model_calls.py), outside every
+5. call the model with retries and fallbacks (model_calls.py), outside every
    transaction, plain or streamed;
 6. store the new message and the reply in one transaction, under the row lock and the turn
    lock, through the append machinery (validation, token counts, tool-call index), with the
@@ -29,8 +29,8 @@ from typing import Any, Literal, overload
 
 from django.db import transaction
 
-from ctxsum import llm
-from ctxsum.completions import (
+from ctxsum.chat import client
+from ctxsum.chat.completions import (
     NOTHING_TO_ANSWER,
     UNANSWERED,
     ReplyBuilder,
@@ -39,24 +39,24 @@ from ctxsum.completions import (
     turn_message_clean,
     unanswered_calls,
 )
+from ctxsum.chat.exceptions import ContextRedacted, ContextTooLong, ModelError, TurnInProgress
+from ctxsum.chat.model_calls import Attempts, call_model, model_chain, reply_clean, stream_model
+from ctxsum.chat.models import ChatTurn
+from ctxsum.chat.turns import Reservation, turn_lock, turn_release, turn_reserve, turn_unlock
 from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import (
-    ContextRedacted,
-    ContextTooLong,
-    MessagesInvalid,
-    ModelError,
-    TurnInProgress,
-)
-from ctxsum.models import ChatTurn, Conversation, Message
+from ctxsum.exceptions import MessagesInvalid
+from ctxsum.models import Conversation, Message
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy
 from ctxsum.services.autocompact import AutoCompaction, autocompact_schedule
 from ctxsum.services.compaction import active_summary_is, conversation_compact
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
-from ctxsum.services.model_calls import Attempts, call_model, model_chain, reply_clean, stream_model
+from ctxsum.services.row_lease import LeaseLost
 from ctxsum.services.transactions import after_commit, write_db
-from ctxsum.services.turns import Reservation, TurnLost, turn_lock, turn_release, turn_reserve
 from ctxsum.signals import messages_appended
+
+# The Python API of the chat turn (README, "The Python API").
+__all__ = ["ChatResult", "ChatStream", "chat_turn"]
 
 CONTEXT_REDACTED = (
     "A message the model was sent was redacted during its call; its reply was not stored. "
@@ -70,8 +70,6 @@ TURN_TAKEN_OVER = (
     "The turn ran longer than CHAT_TURN_SECONDS and another turn took the conversation "
     "over; nothing was stored."
 )
-# What the commit changes on the conversation row besides the append's counters.
-TURN_FIELDS = ("turn_owner", "turn_started_at")
 
 
 @dataclass(kw_only=True)
@@ -323,7 +321,7 @@ class ChatStream:
                 builder.add(chunk)
                 yield chunk
             if builder.finish_reason is None:
-                raise ModelError(llm.STREAM_UNFINISHED, transient=True)
+                raise ModelError(client.STREAM_UNFINISHED, transient=True)
             reply = reply_clean(builder.message())
             self.result = _commit(
                 turn,
@@ -351,7 +349,7 @@ def _commit(
     with transaction.atomic(using=db):
         try:
             locked = turn_lock(turn.reservation)
-        except TurnLost as lost:
+        except LeaseLost as lost:
             raise TurnInProgress(TURN_TAKEN_OVER) from lost
         if turn.sent is not None and not _sent_unredacted(locked, turn.sent):
             raise ContextRedacted(CONTEXT_REDACTED)
@@ -377,8 +375,7 @@ def _commit(
             streamed=streamed,
             finish_reason=finish_reason[:32],
         )
-        locked.turn_owner, locked.turn_started_at = "", None
-        locked.save(update_fields=TURN_FIELDS)
+        turn_unlock(turn.reservation)
         # When the pair brings the context to its trigger, a background compaction is
         # queued for after the commit (never one in this process: the reply is waiting;
         # the next turn compacts before its call if none has run by then).

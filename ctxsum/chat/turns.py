@@ -1,9 +1,10 @@
 """A chat turn's reservation: the conversation's turn lock and a model call counted
 against the limits, taken together before anything else of the turn happens.
 
-Taken with conditional UPDATEs, so the row counts say who won: one on the conversation
-(its turn lock, a ``RowLease`` on ``turn_owner`` and ``turn_started_at``, is free or
-abandoned, and its calls are under CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row
+Taken with conditional UPDATEs, so the row counts say who won: one on the conversation's
+chat state (its turn lock, a ``RowLease`` on ``ChatState.turn_owner`` and
+``turn_started_at``, is free or abandoned, and its calls are under
+CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row
 of the day (under CHAT_MAX_CALLS_PER_USER_PER_DAY), in one short transaction: two turns
 racing for the last call cannot both win, and a refusal of the second undoes the first.
 The reservation is given back (lock released, both counts decremented) when the turn
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, datetime
 from typing import Any, NoReturn
 
 from django.db import transaction
@@ -24,9 +25,10 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import CallLimitReached, TurnInProgress
-from ctxsum.models import ChatCallDay, Conversation
+from ctxsum.chat.conf import chat_settings
+from ctxsum.chat.exceptions import CallLimitReached, TurnInProgress
+from ctxsum.chat.models import ChatCallDay, ChatState
+from ctxsum.models import Conversation
 from ctxsum.services.row_lease import LeaseLost, RowLease
 
 CONVERSATION_LIMIT = _("This conversation has made its {limit} model calls.")
@@ -35,12 +37,11 @@ logger = logging.getLogger("ctxsum.chat")
 
 IN_PROGRESS = _("Another turn of this conversation is in progress; try again when it is done.")
 TURN = RowLease(
-    model=Conversation,
+    model=ChatState,
     owner="turn_owner",
     since="turn_started_at",
-    stale_after=lambda: ctxsum_settings.CHAT_TURN_SECONDS,
+    stale_after=lambda: chat_settings.CHAT_TURN_SECONDS,
 )
-TurnLost = LeaseLost  # the turn lock was taken over: what the turn got must not be stored
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,10 +58,10 @@ class Reservation:
 def turn_reserve(conversation: Conversation, *, user: Any, db: str) -> Reservation:
     """Take the conversation's turn lock and one call of each limit. Raises TurnInProgress,
     CallLimitReached (nothing taken then) or Conversation.DoesNotExist."""
-    now, limit = timezone.now(), ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    now, limit = timezone.now(), chat_settings.CHAT_MAX_CALLS_PER_CONVERSATION
     under = None if limit is None else Q(chat_calls__lt=limit)
     with transaction.atomic(using=db):
-        token = TURN.take(conversation, db=db, now=now, where=under, chat_calls=F("chat_calls") + 1)
+        token = _take(conversation.pk, db=db, now=now, where=under)
         if token is None:
             _refuse(conversation, db=db)
         user_pk = _day_reserve(user, now.date(), db=db)
@@ -69,12 +70,26 @@ def turn_reserve(conversation: Conversation, *, user: Any, db: str) -> Reservati
     )
 
 
+def _take(pk: Any, *, db: str, now: datetime, where: Q | None) -> str | None:
+    """The turn lock and one call of the conversation's count, or None when refused. A
+    conversation that has no chat state yet (made before the app was installed) gets one
+    first. Raises Conversation.DoesNotExist."""
+    calls = F("chat_calls") + 1
+    try:
+        return TURN.take(pk, db=db, now=now, where=where, chat_calls=calls)
+    except ChatState.DoesNotExist:
+        if not Conversation.objects.using(db).filter(pk=pk).exists():
+            raise Conversation.DoesNotExist from None
+        ChatState.objects.using(db).get_or_create(conversation_id=pk)
+        return TURN.take(pk, db=db, now=now, where=where, chat_calls=calls)
+
+
 def _refuse(conversation: Conversation, *, db: str) -> NoReturn:
     """Why the claim left the row, which exists, alone: the limit, or another turn's lock.
     Read after the claim: a lock released meanwhile was still held when the claim ran,
     while a call count never goes down but by a failed turn's release."""
-    limit = ctxsum_settings.CHAT_MAX_CALLS_PER_CONVERSATION
-    rows = Conversation.objects.using(db).filter(pk=conversation.pk)
+    limit = chat_settings.CHAT_MAX_CALLS_PER_CONVERSATION
+    rows = ChatState.objects.using(db).filter(pk=conversation.pk)
     if limit is not None and not rows.filter(chat_calls__lt=limit).exists():
         raise CallLimitReached(CONVERSATION_LIMIT.format(limit=limit), scope="conversation")
     raise TurnInProgress(IN_PROGRESS)
@@ -83,7 +98,7 @@ def _refuse(conversation: Conversation, *, db: str) -> NoReturn:
 def _day_reserve(user: Any, day: date, *, db: str) -> Any:
     """Count one call on ``user``'s row of ``day``; its pk, or None without a limit (or
     without a user). Raises CallLimitReached when the day's calls are used up."""
-    limit = ctxsum_settings.CHAT_MAX_CALLS_PER_USER_PER_DAY
+    limit = chat_settings.CHAT_MAX_CALLS_PER_USER_PER_DAY
     if limit is None or user is None:
         return None
     # A first call of the day creates the row; racing creators meet on the unique
@@ -126,7 +141,21 @@ def _release(reservation: Reservation) -> None:
 
 
 def turn_lock(reservation: Reservation) -> Conversation:
-    """The conversation row, locked for the commit, while the turn still holds its lock.
-    Raises TurnLost when another turn took it over, Conversation.DoesNotExist when the
-    conversation is gone. Call inside a transaction."""
-    return TURN.lock(reservation.conversation_pk, reservation.token, db=reservation.db)
+    """The conversation row, locked for the commit with its chat state (one query: the
+    join locks both rows), while the turn still holds its lock. Raises LeaseLost when
+    another turn took it over, Conversation.DoesNotExist when the conversation is gone.
+    Call inside a transaction."""
+    rows = Conversation.objects.using(reservation.db).filter(pk=reservation.conversation_pk)
+    held = {f"chat_state__{TURN.owner}": reservation.token}
+    locked = rows.select_for_update().filter(**held).first()
+    if locked is None:
+        if not rows.exists():
+            raise Conversation.DoesNotExist
+        raise LeaseLost
+    return locked
+
+
+def turn_unlock(reservation: Reservation) -> None:
+    """Release the turn lock of a stored turn (its call stays counted), in the commit's
+    transaction."""
+    TURN.release(reservation.conversation_pk, reservation.token, db=reservation.db)

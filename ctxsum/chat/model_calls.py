@@ -2,7 +2,7 @@
 transient error (429, 408, 409, 5xx, timeout, connection) retried CHAT_RETRIES times with a
 doubling backoff, then the next model of CHAT_FALLBACK_MODELS, and so on. Any other error
 moves on to the next model at once (another model may take what this one refused). The
-summarizer never comes through here: it makes one attempt (services/summaries.py).
+summarizer never comes through here: it makes one attempt (ctxsum/services/summaries.py).
 
 A stream is retried only while none of its chunks has been passed on: once the client has
 seen part of a reply, another model's reply cannot follow it.
@@ -16,9 +16,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ctxsum import llm
+from ctxsum.chat import client
+from ctxsum.chat.conf import chat_settings
+from ctxsum.chat.exceptions import ModelError
 from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import MessagesInvalid, ModelError, TooLarge
+from ctxsum.exceptions import MessagesInvalid, TooLarge
 from ctxsum.validation import clean_message
 
 logger = logging.getLogger("ctxsum.chat")
@@ -50,9 +52,9 @@ class Attempts:
         """After a failed attempt: whether to try again (the same model after its backoff,
         or the next one); False when every model is spent."""
         logger.warning("Chat model %s failed (attempt %d): %s", self.model, self.count, error)
-        if error.transient and self.retry < ctxsum_settings.CHAT_RETRIES:
+        if error.transient and self.retry < chat_settings.CHAT_RETRIES:
             self.retry += 1
-            time.sleep(ctxsum_settings.CHAT_RETRY_BACKOFF * 2 ** (self.retry - 1))
+            time.sleep(chat_settings.CHAT_RETRY_BACKOFF * 2 ** (self.retry - 1))
             return True
         if self.index + 1 < len(self.models):
             self.index, self.retry = self.index + 1, 0
@@ -68,7 +70,7 @@ class Attempts:
 def model_chain(primary: str) -> list[str]:
     """The primary model, then each fallback model once."""
     models = [primary]
-    for model in ctxsum_settings.CHAT_FALLBACK_MODELS or ():
+    for model in chat_settings.CHAT_FALLBACK_MODELS or ():
         if model not in models:
             models.append(model)
     return models
@@ -109,13 +111,13 @@ def _says_something(chunk: Mapping[str, Any]) -> bool:
 
 def call_model(
     attempts: Attempts, messages: list[dict[str, Any]], options: dict[str, Any]
-) -> tuple[llm.Completion, dict[str, Any]]:
+) -> tuple[client.Completion, dict[str, Any]]:
     """The first answer any model of ``attempts`` gives, with its reply checked; raises
     ModelError when every attempt failed."""
     while True:
         attempts.count += 1
         try:
-            completion = llm.complete(model=attempts.model, messages=messages, options=options)
+            completion = client.complete(model=attempts.model, messages=messages, options=options)
             return completion, reply_clean(completion.message)
         except ModelError as error:
             if not attempts.failed(error):
@@ -134,7 +136,7 @@ def stream_model(
         passed_on = False
         held: list[dict[str, Any]] = []
         try:
-            for chunk in llm.stream(model=attempts.model, messages=messages, options=options):
+            for chunk in client.stream(model=attempts.model, messages=messages, options=options):
                 if not passed_on and not _says_something(chunk):
                     held.append(chunk)
                     continue
