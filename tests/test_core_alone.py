@@ -1,6 +1,7 @@
-"""A project with "ctxsum" alone, without the optional app "ctxsum.facts": it migrates a new
-database, serves the REST API without the facts' routes, compacts without asking the
-summarizer for key facts, and renders the admin's review pages without the facts' panels.
+"""A project with "ctxsum" alone, without the optional apps "ctxsum.facts" and "ctxsum.chat": it
+migrates a new database with neither app's tables, serves the REST API without their routes,
+compacts without asking the summarizer for key facts, rebuilds, reverts and redacts, renders
+the admin's review pages without the facts' panels, and never imports either app.
 
 The project runs in a subprocess (INSTALLED_APPS is read once, and the test database of the
 suite has the app's tables): a small settings module, a fresh SQLite file, the offline
@@ -18,7 +19,7 @@ from pathlib import Path
 from tests.support.shared import REPO_ROOT
 
 SETTINGS = """
-SECRET_KEY = "ctxsum-without-facts"
+SECRET_KEY = "ctxsum-core-alone"
 DEBUG = False
 ALLOWED_HOSTS = ["testserver"]
 INSTALLED_APPS = [
@@ -37,7 +38,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
-ROOT_URLCONF = "facts_free_urls"
+ROOT_URLCONF = "core_alone_urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -73,6 +74,7 @@ urlpatterns = [
 
 SCRIPT = """
 import json
+import sys
 
 import django
 
@@ -101,9 +103,11 @@ def recorded(self, **kwargs):
 
 OfflineSummarizer.answer = recorded
 
-seen = {"installed": apps.is_installed("ctxsum.facts")}
+seen = {"installed": [app for app in ("ctxsum.facts", "ctxsum.chat") if apps.is_installed(app)]}
 call_command("migrate", verbosity=0)
-seen["fact_tables"] = [t for t in connection.introspection.table_names() if "fact" in t]
+seen["app_tables"] = [
+    t for t in connection.introspection.table_names() if "fact" in t or "chat" in t
+]
 
 user = get_user_model().objects.create_superuser("admin", "admin@example.com", "password")
 client = Client()
@@ -124,6 +128,8 @@ try:
 except NoReverseMatch:
     seen["fact_route"] = False
 seen["facts_get"] = client.get(f"/api/conversations/{pk}/facts/").status_code
+chat = client.post(f"/api/conversations/{pk}/chat/", {"message": None}, "application/json")
+seen["chat_post"] = chat.status_code
 seen["subject_facts_get"] = client.get("/api/subjects/someone/facts/").status_code
 schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
 seen["schema_paths"] = sorted(json.loads(schema.content)["paths"])
@@ -146,18 +152,32 @@ page = client.get(reverse("admin:ctxsum_summary_change", args=[summary.pk]))
 seen["summary_page"] = page.status_code
 seen["summary_page_has_facts"] = 'id="facts"' in page.content.decode()
 seen["delete_page"] = client.get(reverse("admin:ctxsum_conversation_delete", args=[pk])).status_code
+
+rebuilt = client.post(f"/api/conversations/{pk}/summaries/rebuild/", {}, "application/json")
+seen["rebuilt"] = rebuilt.json().get("rebuilt")
+version = rebuilt.json()["summary"]["version"]
+reverted = client.post(
+    f"/api/conversations/{pk}/summaries/{version}/revert/", {}, "application/json"
+)
+seen["reverted"] = reverted.json().get("reverted")
+redacted = client.post(f"/api/conversations/{pk}/messages/1/redact/", {}, "application/json")
+seen["redacted"] = redacted.status_code
+seen["stats"] = sorted(client.get(f"/api/conversations/{pk}/").json()["stats"])
+seen["app_modules"] = sorted(
+    name for name in sys.modules if name.startswith(("ctxsum.facts", "ctxsum.chat"))
+)
 print(json.dumps(seen))
 """
 
 
-def run_without_facts(tmp_path: Path) -> dict:
-    (tmp_path / "facts_free_settings.py").write_text(
+def run_core_alone(tmp_path: Path) -> dict:
+    (tmp_path / "core_alone_settings.py").write_text(
         f"DATABASE = {str(tmp_path / 'db.sqlite3')!r}\n" + SETTINGS
     )
-    (tmp_path / "facts_free_urls.py").write_text(URLS)
+    (tmp_path / "core_alone_urls.py").write_text(URLS)
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "facts_free_settings",
+        "DJANGO_SETTINGS_MODULE": "core_alone_settings",
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)]),
     }
     env.pop("DATABASE_URL", None)
@@ -173,10 +193,11 @@ def run_without_facts(tmp_path: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_a_project_without_the_facts_app(tmp_path):
-    seen = run_without_facts(tmp_path)
-    assert not seen["installed"]
-    assert seen["fact_tables"] == []
+def test_a_project_with_ctxsum_alone(tmp_path):
+    seen = run_core_alone(tmp_path)
+    assert seen["installed"] == []
+    assert seen["app_tables"] == []
+    assert seen["app_modules"] == []
     # The API: the core's routes, none of the facts'; the conversation's answer keeps its
     # facts_tokens (0: no block is contributed).
     assert seen["created"] == 201
@@ -185,7 +206,8 @@ def test_a_project_without_the_facts_app(tmp_path):
     assert seen["facts_get"] == 404
     assert seen["subject_facts_get"] == 404
     assert seen["schema_paths"]
-    assert not [path for path in seen["schema_paths"] if "facts" in path]
+    assert not [path for path in seen["schema_paths"] if "facts" in path or "chat" in path]
+    assert seen["chat_post"] == 404
     # The compaction: a summary, and no word of key facts asked for or skipped.
     assert seen["compacted"] is True
     assert seen["calls"] >= 1
@@ -200,3 +222,8 @@ def test_a_project_without_the_facts_app(tmp_path):
     assert seen["summary_page"] == 200
     assert not seen["summary_page_has_facts"]
     assert seen["delete_page"] == 200
+    # A rebuild, the revert of what it wrote and a redaction, through the API.
+    assert seen["rebuilt"] is True
+    assert seen["reverted"] is True
+    assert seen["redacted"] == 200
+    assert not {"chat_turns", "prompt_tokens", "completion_tokens"} & set(seen["stats"])
