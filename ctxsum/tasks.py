@@ -46,6 +46,7 @@ def compaction_defer(
     """Enqueue ``compact_conversation`` to run once ``run_after`` has passed, on a backend
     that defers tasks (django-tasks-db's: a ``db_worker`` takes it then). A backend that
     cannot (the immediate one, which runs a task inside the call) is given none."""
-    deferred = compact_conversation.using(run_after=run_after)
-    if deferred.get_backend().supports_defer:
+    # Asked first: the immediate backend refuses even to be given a run_after.
+    if compact_conversation.get_backend().supports_defer:
+        deferred = compact_conversation.using(run_after=run_after)
         deferred.enqueue(conversation_id, database, since)

@@ -13,6 +13,7 @@ deferred runs do.
 from __future__ import annotations
 
 import importlib
+import logging
 from datetime import datetime, timedelta
 from io import StringIO
 from typing import Any
@@ -236,14 +237,17 @@ def test_below_the_trigger_a_task_defers_nothing(user):
     assert queued() == []
 
 
-def test_a_backend_that_runs_tasks_at_once_is_given_nothing_to_defer(user, settings):
+def test_a_backend_that_runs_tasks_at_once_is_given_nothing_to_defer(user, settings, caplog):
     settings.TASKS = IMMEDIATE
     from ctxsum.tasks import compact_conversation
 
     conversation = due_conversation(user)
-    result = compact_conversation.enqueue(str(conversation.pk), "default")
+    with caplog.at_level(logging.WARNING):
+        result = compact_conversation.enqueue(str(conversation.pk), "default")
     assert result.status == "SUCCESSFUL" and result.return_value["compacted"]
     assert reasons(conversation) == [Reason.COMPACTED]
+    # Not asked to defer at all: no error logged (the immediate backend refuses run_after).
+    assert [record.getMessage() for record in caplog.records] == []
 
 
 def test_a_backend_that_cannot_defer_is_a_warning(settings):
