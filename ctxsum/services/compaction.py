@@ -109,9 +109,7 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
         summary_max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
         summary_overhead=summary_size("", conversation),
     )
-    plan = plan_compaction(
-        context.layout, context.body, policy=policy, force=force, sizing=sizing
-    )
+    plan = plan_compaction(context.layout, context.body, policy=policy, force=force, sizing=sizing)
     archive = plan.archive
     archived = [row for row in context.body_rows if archive and row.seq in archive]
     so_far, source = summary_source(context.summary, archived, db=db) if archived else (None, [])
