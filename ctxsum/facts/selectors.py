@@ -36,9 +36,7 @@ class FactsSeen:
 
 
 def conversation_facts(*, conversation: Conversation) -> FactsSeen:
-    """The facts ``conversation`` sees, and which of them its block shows: the block's own
-    choice (``facts_chosen``), from the same facts in the same order as the context read.
-    One query."""
+    """The facts ``conversation`` sees, and which of them its block shows (one query)."""
     facts = list(_annotated(facts_visible(conversation)))
     chosen = facts_chosen(facts, model=conversation.model or None)
     return FactsSeen(facts=facts, shown=frozenset(fact.pk for fact in chosen))
