@@ -1,11 +1,7 @@
-"""The compaction task for Celery, for projects that run Celery rather than Django's tasks
-framework: ``CTXSUM["COMPACTION_RUNNER"] = "celery"``.
+"""The compaction task for Celery: ``CTXSUM["COMPACTION_RUNNER"] = "celery"``.
 
 Celery is not a dependency of ctxsum: install it yourself, and have your Celery workers
-import this module (``app.autodiscover_tasks(["ctxsum"], related_name="celery_tasks")``, or
-Celery's ``imports`` setting), so they know the task by its name. The task defers its own
-check with an ``eta`` (``compaction_defer``), which retries a compaction lost with its
-worker, as the tasks framework's runner does with ``run_after``.
+import this module (``app.autodiscover_tasks(["ctxsum"], related_name="celery_tasks")``).
 """
 
 from __future__ import annotations

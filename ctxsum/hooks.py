@@ -1,18 +1,9 @@
-"""The seams the core offers to the apps that extend it.
+"""The seams the core offers to the apps that extend it: an optional app (``ctxsum.facts``)
+registers here from its ``AppConfig.ready()``, by name (registering again replaces), and the
+core calls what is registered without importing the app.
 
-An optional app (``ctxsum.facts``) registers here from its ``AppConfig.ready()``; the core
-calls what is registered and never imports the app. Registrations are made once per process,
-at startup, and are keyed by name, so registering again (a second ``ready()`` in tests)
-replaces rather than repeats.
-
-- **Blocks**: a contributor adds one pinned user message to a conversation's context, after
-  the summary (the key facts block). ``selectors.context_get`` asks every contributor, in
-  the order they registered; a compaction keeps each block as it is.
-- **Commits**: a ``CommitHook`` takes part in the core's commits (a compaction's or a
-  rebuild's summary, a revert, a redaction, a conversation created or changed) inside
-  their transactions: it locks what it needs before the conversation's row, and changes
-  its own rows once the core's are changed (the key facts merged, undone, forgotten,
-  recounted).
+- **Blocks**: a contributor adds one pinned message to a context, after the summary.
+- **Commits**: a ``CommitHook`` takes part in the core's commits inside their transactions.
 """
 
 from __future__ import annotations
@@ -50,10 +41,6 @@ def context_blocks(conversation: Conversation) -> list[Block]:
     """The blocks of ``conversation``'s context, in the order their contributors registered."""
     blocks = (contributor(conversation) for contributor in _contributors.values())
     return [block for block in blocks if block is not None]
-
-
-# --------------------------------------------------------------------------- commits
-# What a commit of the core tells the apps, inside its transaction.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,12 +86,9 @@ class LockAgain(Exception):
 
 
 class CommitHook:
-    """What an app does inside the core's commits. Each commit asks ``concerns`` first
-    (before its transaction, and again under its row lock when a hook said no), then, in its
-    transaction, calls ``lock`` of each hook concerned before it locks its own row (an app's
-    lock order comes first) and ``apply`` once its own changes are made, before it saves the
-    conversation row. ``apply`` may move the row's counters (``active_tokens`` and the
-    blocks' share); the commit saves them. The defaults concern nothing."""
+    """What an app does inside the core's commits: ``concerns`` is asked before the
+    transaction; in it, ``lock`` comes before the commit's row lock and ``apply`` after its
+    own changes (it may move the row's counters, which the commit saves)."""
 
     def concerns(self, conversation: Conversation, event: Event, *, db: str) -> bool:
         return False
