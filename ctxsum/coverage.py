@@ -96,8 +96,7 @@ class Coverage:
 
 
 def message_texts(messages: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The text of OpenAI chat messages that facts are looked for in: content (text parts
-    of a list), tool call arguments, refusals."""
+    """The texts of OpenAI chat messages that facts are looked for in."""
     texts: list[str] = []
     for message in messages:
         content = message.get("content")

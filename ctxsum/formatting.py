@@ -89,8 +89,7 @@ def _requested_name(request: Message, call_id: object) -> str | None:
 
 
 def _blocks(messages: Sequence[Message], seqs: Sequence[int] | None = None) -> list[str]:
-    """Each message as one tagged block, with its seq (``seqs[i]`` for ``messages[i]``)
-    when given."""
+    """Each message as one tagged block, with its seq when ``seqs`` are given."""
     if seqs is not None and len(seqs) != len(messages):
         raise ValueError(SEQS_MISMATCH.format(seqs=len(seqs), messages=len(messages)))
     requests = pair_tool_results(messages)

@@ -128,8 +128,7 @@ def concerned(conversation: Conversation, event: Event, *, db: str) -> frozenset
 def commit_lock(
     conversation: Conversation, names: frozenset[str], event: Event, *, db: str
 ) -> Held:
-    """Inside the commit's transaction, before its row lock: the locks of the hooks
-    ``names`` for ``event``."""
+    """The locks of the hooks ``names``, taken before the commit's row lock."""
     hooks = [(name, hook) for name, hook in _commit_hooks.items() if name in names]
     return Held(tuple((name, hook.lock(conversation, event, db=db)) for name, hook in hooks))
 

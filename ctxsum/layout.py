@@ -96,8 +96,7 @@ class ContextLayout:
         return SeqRange(self.body_seqs[0], self.body_seqs[stop - 1])
 
     def compacted(self, *, summary_tokens: int, kept: int) -> tuple[int, int]:
-        """The message and token count of this context once its body is archived but for
-        its newest ``kept`` messages, behind a summary of ``summary_tokens``."""
+        """The message and token count once all but the newest ``kept`` are archived."""
         leading = [part.tokens for part in self.pinned if part.kind == LEADING]
         blocks = [part.tokens for part in self.blocks]
         tail = list(self.body_tokens[len(self.body_tokens) - kept :]) if kept else []

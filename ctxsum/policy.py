@@ -148,8 +148,7 @@ class Keep:
 
 @dataclass(frozen=True, kw_only=True)
 class Policy:
-    """A trigger, a retention rule that can work with it, and an optional hard ceiling on
-    the context's tokens (``max_context_tokens``)."""
+    """A trigger, a retention rule that works with it, and an optional token ceiling."""
 
     trigger: Trigger
     keep: Keep
@@ -351,8 +350,7 @@ def summary_budget(
 
 @dataclass(frozen=True, kw_only=True)
 class Sizing:
-    """What the planner needs to know about summaries and how far below the trigger a
-    compaction aims (``target_ratio`` of it)."""
+    """What the planner knows of summaries, and how far below the trigger it aims."""
 
     target_ratio: float = 0.5
     summary_max_tokens: int = 1024

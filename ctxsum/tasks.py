@@ -21,8 +21,7 @@ except ImportError:  # Django 5.2: the backport
 def compact_conversation(
     conversation_id: str, database: str, since: str | None = None
 ) -> dict[str, Any]:
-    """Compact a conversation that reached its trigger (AUTO_COMPACT's background task);
-    with ``since``, the deferred check of a compaction that started then."""
+    """AUTO_COMPACT's background task (``conversation_compact_queued``)."""
     return conversation_compact_queued(
         conversation_id=conversation_id, database=database, since=since, defer=compaction_defer
     ).as_json()

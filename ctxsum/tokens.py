@@ -43,8 +43,7 @@ def encoding_name_for_model(model: str) -> str:
 
 
 def encoding_for(model: str | None = None) -> Encoding:
-    """The encoding for ``model``: the ``ENCODING`` setting if set, else tiktoken's choice
-    for the model, else o200k_base."""
+    """The encoding for ``model``: ENCODING if set, else tiktoken's, else the fallback."""
     name = ctxsum_settings.ENCODING or encoding_name_for_model(
         model or ctxsum_settings.DEFAULT_MODEL
     )

@@ -257,9 +257,6 @@ def _object_failures(schema: Schema, value: Mapping[str, Any], path: Path) -> It
             yield Failure((*path, key), "required")
 
 
-# --------------------------------------------------------------------------- messages
-
-
 def _worded(failure: Failure) -> str:
     """A failure as the API words it."""
     steps = ["*" if isinstance(step, int) else step for step in failure.path]

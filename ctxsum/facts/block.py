@@ -34,8 +34,7 @@ MIN_LINE_TOKENS = 3
 
 
 def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
-    """The conversation's own facts and, when it names a subject, the subject's, in
-    ``FACT_ORDER``."""
+    """The conversation's own facts and its subject's, in ``FACT_ORDER``."""
     db = conversation._state.db
     facts = Fact.objects.using(db) if db else Fact.objects.all()
     visible = facts.filter(conversation=conversation)
@@ -60,8 +59,7 @@ def candidates_limit() -> int:
 
 
 def facts_candidates(conversation: Conversation) -> QuerySet[Fact]:
-    """The facts the conversation's block is chosen from (one query): the first
-    ``candidates_limit()`` of ``facts_visible``."""
+    """The facts the conversation's block is chosen from (one query)."""
     return facts_visible(conversation)[: candidates_limit()]
 
 

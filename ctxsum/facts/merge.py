@@ -265,9 +265,6 @@ def _before(fact: Fact) -> FactChange:
     )
 
 
-# --------------------------------------------------------------------------- revert
-
-
 def facts_to_revert(target: Summary) -> bool:
     """Whether version ``target`` wrote facts, which a revert of it undoes."""
     return FactChange.objects.using(target._state.db).filter(summary=target).exists()
@@ -335,9 +332,6 @@ def _undo(change: FactChange, *, target: Summary, locked: Conversation, db: str)
     fact.proposed_by_id = change.old_proposed_by_id
     fact.save(using=db)
     return fact.conversation_id is None
-
-
-# --------------------------------------------------------------------------- redaction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,9 +404,6 @@ def facts_forget(
     Fact.objects.using(db).filter(pk__in=[fact.pk for fact in cited]).delete()
     shared = any(fact.conversation_id is None for fact in cited)
     _recount(locked, shown, facts_count(locked), shared=shared)
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 def _held(fact: Fact, locked: Conversation) -> bool:

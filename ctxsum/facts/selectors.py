@@ -21,8 +21,7 @@ def _annotated(facts: QuerySet[Fact]) -> QuerySet[Fact]:
 
 @dataclass(frozen=True, kw_only=True)
 class FactsSeen:
-    """The facts a conversation sees (its own and its subject's), listed in ``FACT_ORDER``,
-    and the ids of those its facts block shows now."""
+    """The facts a conversation sees, and the ids of those its facts block shows now."""
 
     facts: list[Fact]
     shown: frozenset[int]

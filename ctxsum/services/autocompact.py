@@ -84,8 +84,7 @@ def compaction_due(conversation: Conversation) -> bool:
 
 
 def over_ceiling(conversation: Conversation) -> bool:
-    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS: compacted
-    in the appending process rather than by a task."""
+    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS."""
     ceiling = conversation_policy(conversation).max_context_tokens
     return ceiling is not None and conversation.context_tokens > ceiling
 

@@ -177,8 +177,7 @@ def _compact_leased(run: _Run) -> CompactionResult:
 
 
 def _read_after_commit(run: _Run) -> ActiveContext | None:
-    """The conversation and its context as the commit left them; None (logged) when they
-    cannot be read: the compaction stands."""
+    """The conversation and its context after the commit; None (logged) if unreadable."""
     conversation = run.conversation
     try:
         conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
@@ -210,8 +209,7 @@ def _replaced(run: _Run) -> int:
 
 
 def gain_check(written: Written, *, replaced_tokens: int) -> None:
-    """The guard of every summary written: raise NoGain unless it is smaller than what it
-    replaces in the context."""
+    """Raise NoGain unless the summary is smaller than what it replaces in the context."""
     if written.token_count >= replaced_tokens:
         raise NoGain
 

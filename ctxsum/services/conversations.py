@@ -36,8 +36,7 @@ SUBJECT_DOTS = _("Must not be “.” or “..”.")
 
 
 def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> None:
-    """Check a conversation's policy overrides against each other and the defaults; raise
-    ValidationError naming the field."""
+    """Check a conversation's policy overrides; raise ValidationError naming the field."""
     values = effective_policy(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     try:
         policy_rules.parse_policy(**values)
@@ -63,8 +62,7 @@ def subject_problem(subject: Any) -> str | None:
 
 
 def fields_clean(**fields: Any) -> None:
-    """Check title, model, metadata and subject as the columns will take them; raise
-    ValidationError naming every bad field."""
+    """Check the fields as the columns take them; raise ValidationError naming each bad one."""
     errors: dict[str, list[str]] = {}
     for name, value in fields.items():
         if problem := unstorable(value):

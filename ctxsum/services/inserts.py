@@ -28,8 +28,7 @@ _STATEMENTS: dict[tuple[str, str], _Statement] = {}
 
 
 def rows_insert(rows: Sequence[Model], *, db: str) -> None:
-    """Insert ``rows``, new instances of one model with an automatic primary key, into
-    ``db``, and set their primary keys: what ``bulk_create(rows)`` does."""
+    """What ``bulk_create(rows)`` does, for new rows of one model with an auto primary key."""
     if not rows:
         return
     model = type(rows[0])

@@ -60,8 +60,7 @@ COUNTER_FIELDS = (
 
 
 def messages_clean(messages: Any) -> list[dict[str, Any]]:
-    """Validate a batch; raise ValidationError({"messages": [per-message errors]}) naming
-    every bad field, or TooLarge."""
+    """Validate a batch; raise ValidationError naming every bad field, or TooLarge."""
     if not isinstance(messages, list | tuple):
         raise ValidationError({"messages": [str(BATCH_TYPE)]})
     if not messages:
@@ -187,11 +186,6 @@ def messages_insert(
     rows = message_rows(conversation, batch, counts, first_seq=conversation.next_seq)
     if leading is not None:
         rows[0].is_leading = True
-    return messages_store(conversation, rows)
-
-
-def messages_store(conversation: Conversation, rows: list[Message]) -> list[Message]:
-    """Insert ``rows`` and move the counters of ``conversation``, which the caller has locked."""
     _rows_insert(rows, db=conversation._state.db or write_db(conversation))
     conversation.next_seq += len(rows)
     conversation.message_count += len(rows)
@@ -221,8 +215,7 @@ def _rows_insert(rows: list[Message], *, db: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Appended:
-    """What an append stored, and what the automatic compaction after it did or will do
-    (None when AUTO_COMPACT is off)."""
+    """What an append stored, and what the automatic compaction after it did or will do."""
 
     messages: list[Message]
     compaction: AutoCompaction | None = None

@@ -21,8 +21,7 @@ M = TypeVar("M", bound=Model)
 
 
 class LeaseLost(CtxsumError):
-    """Another holder took the lease over, or it is gone: what this one was writing must
-    not be committed."""
+    """Another holder took the lease over, or it is gone: write nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)

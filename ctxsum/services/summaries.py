@@ -54,8 +54,7 @@ def summary_model(conversation: Conversation) -> str:
 
 
 def summary_prompt(budget: int, facts_instruction: str = "") -> str:
-    """The instruction a summarizer call gets: PROMPT, the backend's facts instruction, then
-    this summary's length budget."""
+    """PROMPT, the backend's facts instruction, then this summary's length budget."""
     length = LENGTH_BUDGET.format(tokens=budget, words=budget * 3 // 4)
     parts = [ctxsum_settings.PROMPT, facts_instruction, length]
     return "\n\n".join(part for part in parts if part)
@@ -143,8 +142,7 @@ def _reasons(per_call: list[list[str]]) -> list[str]:
 
 
 def summary_coverage(previous: Summary | None, archived: Sequence[Message], text: str) -> Coverage:
-    """The coverage check of a new summary: the facts of ``previous`` and ``archived``,
-    each present or missing in ``text``."""
+    """The coverage check of ``text``: the facts of ``previous`` and ``archived``."""
     facts = previous.coverage_facts if previous is not None else []
     known = [(fact["kind"], fact["text"]) for fact in facts or []]
     if previous is not None and previous.coverage_facts is None:
