@@ -132,9 +132,8 @@ def facts_merge(
         ordered = sorted(state.values(), key=block_order)
         return block_tokens(facts_chosen(ordered, model=model), model=model)
 
-    count = block()
     # Against the block as it reads now: the context the compaction saw.
-    limit = None if room is None else count + room
+    limit = None if room is None else block() + room
     writes: list[tuple[Fact | None, Fact, str]] = []
     crowded = 0
     for proposed in facts:
@@ -143,19 +142,15 @@ def facts_merge(
         slot: object = target.pk if target is not None else ("new", proposed.key)
         previous = state.get(slot)
         state[slot] = merged
-        if limit is not None:
-            after = block()
-            if after > limit:
-                crowded += 1
-                if previous is None:
-                    del state[slot]
-                else:
-                    state[slot] = previous
-                continue
-            count = after
+        if limit is not None and block() > limit:
+            crowded += 1
+            if previous is None:
+                del state[slot]
+            else:
+                state[slot] = previous
+            continue
         writes.append((target, merged, kind))
-    if limit is None:
-        count = block()
+    count = block()  # before the writes give the new facts their ids
     _write(db, writes, summary, now)
     return Merged(
         count=count,
