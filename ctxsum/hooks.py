@@ -108,15 +108,8 @@ def register_commit_hook(name: str, hook: CommitHook) -> None:
     _commit_hooks[name] = hook
 
 
-@dataclass(frozen=True)
-class Held:
-    """The hooks a commit concerns, each with what its ``lock`` returned."""
-
-    locks: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def names(self) -> frozenset[str]:
-        return frozenset(name for name, _ in self.locks)
+# The hooks a commit concerns, by name in registration order, and what each ``lock`` returned.
+Held = dict[str, Any]
 
 
 def concerned(conversation: Conversation, event: Event, *, db: str) -> frozenset[str]:
@@ -130,17 +123,17 @@ def commit_lock(
 ) -> Held:
     """The locks of the hooks ``names``, taken before the commit's row lock."""
     hooks = [(name, hook) for name, hook in _commit_hooks.items() if name in names]
-    return Held(tuple((name, hook.lock(conversation, event, db=db)) for name, hook in hooks))
+    return {name: hook.lock(conversation, event, db=db) for name, hook in hooks}
 
 
 def newly_concerned(locked: Conversation, event: Event, held: Held, *, db: str) -> bool:
     """Under the row lock: whether a hook that locked nothing is concerned by now (what it
     reads changed since it was asked); the commit must then start over."""
-    others = [hook for name, hook in _commit_hooks.items() if name not in held.names]
+    others = [hook for name, hook in _commit_hooks.items() if name not in held]
     return any(hook.concerns(locked, event, db=db) for hook in others)
 
 
 def commit_apply(held: Held, event: Event, *, locked: Conversation) -> None:
     """The hooks that locked, told of ``event`` inside the transaction."""
-    for name, lock in held.locks:
+    for name, lock in held.items():
         _commit_hooks[name].apply(event, locked=locked, held=lock)

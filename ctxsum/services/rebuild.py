@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 from django.db import DatabaseError, transaction
 
@@ -64,7 +65,9 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
     except LeaseLost:
         return Rebuilt(rebuilt=False, reason=Reason.CONFLICT, replaced=previous)
     except NoGain:
-        _record_no_gain(conversation, previous, db=db)
+        # ``summary``: the version it could not rebuild with a gain (rebuild_gave_no_gain).
+        outcome, reason = Outcome.SKIPPED, Reason.NO_GAIN
+        _record(conversation, previous, db=db, outcome=outcome, reason=reason, summary=previous)
         return Rebuilt(rebuilt=False, reason=Reason.NO_GAIN, replaced=previous)
     try:
         conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
@@ -158,16 +161,10 @@ def _commit(
     return summary
 
 
-def _record_no_gain(conversation: Conversation, previous: Summary, *, db: str) -> None:
-    # ``summary``: the version it could not rebuild with a gain (rebuild_gave_no_gain).
+def _record(conversation: Conversation, previous: Summary, *, db: str, **fields: Any) -> None:
+    """An attempt on the range of ``previous`` that changed nothing."""
     attempt_record(
-        conversation,
-        db=db,
-        outcome=Outcome.SKIPPED,
-        reason=Reason.NO_GAIN,
-        summary=previous,
-        from_seq=previous.from_seq,
-        to_seq=previous.to_seq,
+        conversation, db=db, from_seq=previous.from_seq, to_seq=previous.to_seq, **fields
     )
 
 
@@ -184,12 +181,6 @@ def _failed(
     conversation: Conversation, previous: Summary, error: BaseException, *, db: str
 ) -> None:
     failure_log(error)("Rebuild of conversation %s's summary failed: %s", conversation.pk, error)
-    attempt_record(
-        conversation,
-        db=db,
-        outcome=Outcome.FAILED,
-        reason=failure_reason(error),
-        error=f"{type(error).__name__}: {error}",
-        from_seq=previous.from_seq,
-        to_seq=previous.to_seq,
-    )
+    detail = f"{type(error).__name__}: {error}"
+    outcome, reason = Outcome.FAILED, failure_reason(error)
+    _record(conversation, previous, db=db, outcome=outcome, reason=reason, error=detail)
