@@ -326,12 +326,9 @@ class _ToolBoundaries:
 
 
 def safe_cutoff(messages: Sequence[Message], *, start: int, candidate: int) -> int:
-    """``candidate`` moved so that no tool call is separated from its results.
-
-    Moves back to the requesting assistant message when the tail would keep results of a
-    request that gets archived; moves forward past orphaned results (their request is gone
-    or pinned) that would otherwise head the tail, but never archives the newest message.
-    """
+    """``candidate`` moved so that no tool call is separated from its results: back to the
+    request of a result the tail would keep, or forward past orphaned results (their request
+    gone or pinned) at the tail's head; the newest message is never archived."""
     return _ToolBoundaries(messages, start).safe(candidate)
 
 

@@ -154,13 +154,10 @@ def conversation_autocompact(
 def conversation_compact_queued(
     *, conversation_id: str, database: str, since: str | None = None, defer: Defer | None = None
 ) -> AutoCompaction:
-    """What a compaction task runs: compact the conversation if it has work due.
-
-    While another worker holds a live lease, answer ``in_progress`` and, given ``defer``,
-    run again once it expires. Before compacting, defer a check to one lease time later
-    (``since``), which compacts again only if this compaction was lost with its worker
-    (``_check_done``). A failed summarizer call is recorded and raised, not retried.
-    """
+    """What a compaction task runs: compact the conversation if it has work due. Given
+    ``defer``, run again once a live lease expires, and check one lease time after starting
+    (``since``) that this compaction was not lost with its worker (``_check_done``). A
+    failed summarizer call is recorded and raised, not retried."""
     try:
         conversation = Conversation.objects.using(database).get(pk=conversation_id)
     except Conversation.DoesNotExist:

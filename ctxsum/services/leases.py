@@ -45,12 +45,8 @@ def leased(
     failed: Callable[[BaseException], None] | None = None,
 ) -> Iterator[str | None]:
     """Take the conversation's lease for the body: yields its token, or None while another
-    worker holds a live lease. Raises Conversation.DoesNotExist when it is gone.
-
-    A body that ends without raising leaves the lease as its commit left it. One that
-    raises gives the lease up and, unless it is WriteNothing or LeaseLost, tells ``failed``
-    of the error (an interruption too: ``_interrupted``); then the error goes on.
-    """
+    worker holds a live lease. A body that raises gives the lease up and, unless it is
+    WriteNothing or LeaseLost, tells ``failed`` of the error (an interruption too)."""
     token = lease_take(conversation, db=db)
     if token is None:
         yield None

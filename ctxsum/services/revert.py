@@ -52,12 +52,9 @@ class Reverted:
 
 
 def conversation_revert(*, conversation: Conversation, version: int) -> Reverted:
-    """Revert summary ``version``, which must be the conversation's active summary.
-
-    Raises Summary.DoesNotExist when there is no such version, a ValidationError naming
-    ``version`` when it is not the active one, Conversation.DoesNotExist when the
-    conversation is gone. ``conversation`` is brought up to date.
-    """
+    """Revert summary ``version``, which must be the conversation's active summary (else a
+    ValidationError naming ``version``). Raises Summary.DoesNotExist or
+    Conversation.DoesNotExist. ``conversation`` is brought up to date."""
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     summaries = Summary.objects.using(db).filter(conversation=conversation)
