@@ -13,9 +13,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ctxsum.policy import pair_tool_results
-
-Message = Mapping[str, Any]
+from ctxsum.policy import Message, pair_tool_results
 
 ROLE_TAGS = frozenset({"system", "developer", "user", "assistant"})
 BUDGET_TOO_SMALL = "budget must be at least 1 token, not {budget!r}."
