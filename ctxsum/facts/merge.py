@@ -181,17 +181,9 @@ def _write(
     """The merge's writes in three statements at most: new facts, changed ones, changes."""
     created = [merged for target, merged, _ in writes if target is None]
     changed = [merged for target, merged, _ in writes if target is not None]
-    if created:
-        Fact.objects.using(db).bulk_create(created)
-        if any(fact.pk is None for fact in created):
-            # A database that returns no ids from a bulk insert: read them back by key.
-            ids = dict(
-                Fact.objects.using(db)
-                .filter(summary=summary, key__in=[fact.key for fact in created])
-                .values_list("key", "pk")
-            )
-            for fact in created:
-                fact.pk = ids[fact.key]
+    # Sets the new facts' ids: every database ctxsum runs on returns them (its appends
+    # need RETURNING too).
+    Fact.objects.using(db).bulk_create(created)
     if changed:
         for fact in changed:
             fact.updated_at = now
