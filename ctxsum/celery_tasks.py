@@ -1,11 +1,7 @@
-"""The compaction task for Celery, for projects that run Celery rather than Django's tasks
-framework: ``CTXSUM["COMPACTION_RUNNER"] = "celery"``.
+"""The compaction task for Celery: ``CTXSUM["COMPACTION_RUNNER"] = "celery"``.
 
 Celery is not a dependency of ctxsum: install it yourself, and have your Celery workers
-import this module (``app.autodiscover_tasks(["ctxsum"], related_name="celery_tasks")``, or
-Celery's ``imports`` setting), so they know the task by its name. The task defers its own
-check with an ``eta`` (``compaction_defer``), which retries a compaction lost with its
-worker, as the tasks framework's runner does with ``run_after``.
+import this module (``app.autodiscover_tasks(["ctxsum"], related_name="celery_tasks")``).
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ from ctxsum.services import conversation_compact_queued
 def compact_conversation(
     conversation_id: str, database: str, since: str | None = None
 ) -> dict[str, Any]:
-    """Compact a conversation that reached its trigger (AUTO_COMPACT's background task);
-    with ``since``, the deferred check of a compaction that started then."""
+    """AUTO_COMPACT's background task (``conversation_compact_queued``)."""
     return conversation_compact_queued(
         conversation_id=conversation_id, database=database, since=since, defer=compaction_defer
     ).as_json()
@@ -37,8 +32,7 @@ def compaction_enqueue(conversation_id: str, database: str) -> None:
 def compaction_defer(
     conversation_id: str, database: str, run_after: datetime, since: str | None
 ) -> None:
-    """Send ``compact_conversation`` to run at ``run_after`` (an eta). In eager mode, where
-    a task runs inside the call and an eta means nothing, none is sent."""
+    """Send ``compact_conversation`` to run at ``run_after`` (none in eager mode)."""
     if compact_conversation.app.conf.task_always_eager:
         return
     compact_conversation.apply_async((conversation_id, database, since), eta=run_after)

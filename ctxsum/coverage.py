@@ -1,29 +1,7 @@
-"""The coverage check: which facts of the covered messages a summary still holds.
-
-A deterministic reviewer's aid, not a judgement of the summary: it finds the e-mail
-addresses, amounts, dates, identifiers, numbers and proper names in what a summary covers
-(message text, tool call arguments, tool results) and marks each present or missing in the
-summary's text. Pure: no ORM, no I/O.
-
-What counts (docs/architecture.md, "The coverage check"):
-
-- **email**: ``name@host.tld``.
-- **amount**: a number with a currency sign or code: ``$12.50``, ``€ 30``, ``30 EUR``.
-- **date**: ``2024-05-01``, ``01/05/2024``, ``5.1.24``, and a day with a month name in
-  English, Spanish, French or German (``October 20``, ``20 de octubre``, ``3 mars``).
-- **identifier**: a word of letters and digits, or with ``-``/``_``/``#`` inside, holding a
-  digit: ``AI-101``, ``T-1001``, ``call_lookup_01``, ``8JX2QZ``, ``#4521``; digits joined by
-  hyphens (``01-800-1234``).
-- **number**: any other number of two or more digits (``23``, ``1,200``, ``3.5``); one digit
-  alone is too common to say anything.
-- **name**: a run of capitalised words (any alphabet with case) that does not start a
-  sentence: ``Delhi``, ``New York``, ``José Martínez``; a few capitalised function words
-  (``I``, months, weekdays) are left out. German capitalises every noun, so there nouns
-  count as names too.
-
-A fact is present when the summary holds it, compared without case; numbers and amounts are
-compared by their value (``1,200`` matches ``1200``, ``84.00`` matches ``84.0``), so a
-summary may reformat them.
+"""The coverage check: which facts of the covered messages (e-mail addresses, amounts, dates,
+identifiers, numbers, proper names) a summary still holds, compared without case, numbers by
+their value. A reviewer's aid, not a verdict (docs/architecture.md, "The coverage check").
+Pure: no ORM, no I/O.
 """
 
 from __future__ import annotations
@@ -118,8 +96,7 @@ class Coverage:
 
 
 def message_texts(messages: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The text of OpenAI chat messages that facts are looked for in: content (text parts
-    of a list), tool call arguments, refusals."""
+    """The texts of OpenAI chat messages that facts are looked for in."""
     texts: list[str] = []
     for message in messages:
         content = message.get("content")
@@ -141,10 +118,8 @@ def message_texts(messages: Iterable[Mapping[str, Any]]) -> list[str]:
 def facts_found(
     texts: Iterable[str], known: Iterable[tuple[str, str]] = ()
 ) -> list[tuple[str, str]]:
-    """(kind, text) of every fact in ``texts``, each once (compared without case), in the
-    order first seen, after the ``known`` facts; a span is claimed by the first kind that
-    matches it. A summary's facts are its previous version's plus those of the messages it
-    newly archived."""
+    """(kind, text) of every fact in ``texts``, each once, in the order first seen, after
+    the ``known`` facts; a span is claimed by the first kind that matches it."""
     found = {fact_key(kind, fact): (kind, fact) for kind, fact in known}
     for text in texts:
         for kind, fact in _facts_of(text):
@@ -194,9 +169,8 @@ def _starts_sentence(text: str, start: int) -> bool:
 
 
 def fact_key(kind: str, fact: str) -> str:
-    """What two mentions of a fact share: the value of a number or an amount (a summary
-    may write 1,200 for 1200, or 84.00 for 84.0), else the text without case and spacing.
-    Stable, so the offline summarizer keys the key facts it extracts by it too."""
+    """What two mentions of a fact share: the value of a number or an amount (1,200 is
+    1200), else the text without case and spacing. Stable: the offline summarizer keys by it."""
     if kind in ("number", "amount"):
         return f"{kind}:{_value(fact)}"
     return f"{kind}:{' '.join(fact.casefold().split())}"

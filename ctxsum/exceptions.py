@@ -10,10 +10,8 @@ class CtxsumError(Exception):
 
 
 class SummarizerError(CtxsumError):
-    """The summarizer failed: HTTP error, timeout, malformed or blank answer.
-
-    ``cause`` keeps the original exception, if there was one.
-    """
+    """The summarizer failed (HTTP error, timeout, malformed or blank answer); ``cause``
+    keeps the original exception, if there was one."""
 
     def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
         super().__init__(message)

@@ -1,11 +1,8 @@
 """Old messages turned into one role-preserving text for the summarizer: pure, no I/O.
 
-The summarizer gets the history as data inside XML-like tags (``<user>``, ``<assistant>``,
-``<tool-call>``, ``<tool-result>``…) so it can tell who said what and which result answers
-which call; given the messages' seqs, each block carries its message's ``seq`` so the
-summarizer can say which messages a key fact comes from. Text is escaped, so no message can
-close a tag or forge another role, and media become placeholders such as ``[image]``:
-base64 payloads and URLs are never copied.
+Each message is a block inside XML-like tags (``<user seq="12">``, ``<tool-call>``,
+``<tool-result>``…); text is escaped, so no message can close a tag or forge another role,
+and media become placeholders such as ``[image]``.
 """
 
 from __future__ import annotations
@@ -16,9 +13,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ctxsum.policy import pair_tool_results
-
-Message = Mapping[str, Any]
+from ctxsum.policy import Message, pair_tool_results
 
 ROLE_TAGS = frozenset({"system", "developer", "user", "assistant"})
 BUDGET_TOO_SMALL = "budget must be at least 1 token, not {budget!r}."
@@ -92,8 +87,7 @@ def _requested_name(request: Message, call_id: object) -> str | None:
 
 
 def _blocks(messages: Sequence[Message], seqs: Sequence[int] | None = None) -> list[str]:
-    """Each message as one tagged block, with its seq (``seqs[i]`` for ``messages[i]``)
-    when given."""
+    """Each message as one tagged block, with its seq when ``seqs`` are given."""
     if seqs is not None and len(seqs) != len(messages):
         raise ValueError(SEQS_MISMATCH.format(seqs=len(seqs), messages=len(messages)))
     requests = pair_tool_results(messages)
@@ -128,11 +122,7 @@ def format_messages(messages: Sequence[Message], *, seqs: Sequence[int] | None =
 
 
 def with_summary_so_far(summary: str | None, history: str) -> str:
-    """The summarizer input: the previous summary first (if any), then the new history.
-
-    Summaries are incremental: the new one is written from the old one plus the messages
-    archived since.
-    """
+    """The summarizer input: the previous summary first (if any), then the new history."""
     if not summary:
         return history
     block = f"<summary-so-far>{escape_text(summary)}</summary-so-far>"
@@ -146,14 +136,9 @@ def chunk_history(
     count: Callable[[str], int],
     seqs: Sequence[int] | None = None,
 ) -> list[str]:
-    """The formatted history split into chunks of at most ``budget`` tokens (per ``count``).
-
-    For a history larger than the summarizer's input budget: each chunk is summarized in
-    turn, each summary feeding the next. Chunks break between messages; a message too large
-    for any chunk is cut into consecutive pieces, by lines and then by characters, so
-    nothing is dropped: ``"".join(chunks) == format_messages(messages, seqs=seqs)``. The
-    newline between two messages stays at the end of the earlier chunk.
-    """
+    """The formatted history split into chunks of at most ``budget`` tokens (per ``count``),
+    between messages where possible, by lines and then characters within one too large:
+    ``"".join(chunks) == format_messages(messages, seqs=seqs)``."""
     if type(budget) is not int or budget < 1:
         raise ValueError(BUDGET_TOO_SMALL.format(budget=budget))
     blocks = _blocks(messages, seqs)
@@ -189,11 +174,8 @@ def _split(text: str, budget: int, count: Callable[[str], int]) -> list[tuple[st
 
 
 def _longest_prefix(text: str, begin: int, budget: int, count: Callable[[str], int]) -> int:
-    """The length of the longest prefix of ``text[begin:]`` within budget.
-
-    Galloping then bisecting keeps the number of ``count`` calls logarithmic, which matters
-    when a single line is megabytes long.
-    """
+    """The length of the longest prefix of ``text[begin:]`` within budget: galloping then
+    bisecting, so ``count`` calls stay logarithmic in a line megabytes long."""
     remaining = len(text) - begin
     good, probe = 0, 1
     while True:

@@ -1,29 +1,14 @@
-"""The seams the core offers to the apps that extend it.
+"""The seams the core offers to the apps that extend it: an optional app (``ctxsum.facts``,
+``ctxsum.chat``) registers here from its ``AppConfig.ready()``, by name (registering again
+replaces), and the core calls what is registered without importing the app.
 
-An optional app (``ctxsum.facts``, ``ctxsum.chat``) registers here from its
-``AppConfig.ready()``; the core calls what is registered and never imports the app.
-Registrations are made once per process, at startup, and are keyed by name, so registering
-again (a second ``ready()`` in tests) replaces rather than repeats.
-
-- **Blocks**: a contributor adds one pinned user message to a conversation's context, after
-  the summary (the key facts block). ``selectors.context_get`` asks every contributor, in
-  the order they registered; a compaction keeps each block as it is.
-- **Stats**: a reader adds an app's counts to a conversation's stats
-  (``selectors.conversation_stats``: the chat turns' usage), after the core's.
-- **Commits**: a ``CommitHook`` takes part in the core's commits (a compaction's or a
-  rebuild's summary, a revert, a redaction, a conversation created or changed) inside
-  their transactions: it locks what it needs before the conversation's row, and changes
-  its own rows once the core's are changed (the key facts merged, undone, forgotten,
-  recounted).
-- **Summary facts**: the summarizers ask the model for key facts, and parse them out of its
-  answer, only when an app takes them (``take_summary_facts``; the facts app merges them in
-  its commit hook). Without one, the prompt asks for a summary alone.
-- **Review pages**: a ``Panel`` adds a section to one of the admin's review pages (a
-  conversation's, a summary's): a template, and a function that builds its context from the
-  page's object (the key facts a conversation sees, those a summary wrote). An app registers
-  its panels from its admin module, which the admin imports as it does the app's model
-  admins; a project without the admin has no pages to add to. The same module names the
-  models whose rows go with a conversation, for the admin's delete page to count.
+- **Blocks**: a contributor adds one pinned message to a context, after the summary.
+- **Stats**: a reader adds an app's counts to a conversation's stats, after the core's.
+- **Commits**: a ``CommitHook`` takes part in the core's commits inside their transactions.
+- **Summary facts**: the summarizers ask for key facts, and parse them, only when an app
+  takes them.
+- **Review pages**: a ``Panel`` adds a section to one of the admin's review pages; the
+  models whose rows go with a conversation are counted on its delete page.
 """
 
 from __future__ import annotations
@@ -67,8 +52,6 @@ def context_blocks(conversation: Conversation) -> list[Block]:
     return [block for block in blocks if block is not None]
 
 
-# --------------------------------------------------------------------------- stats
-
 # A reader of an app's counts of a conversation, added to its stats.
 StatsReader = Callable[["Conversation"], "dict[str, int]"]
 _stats_readers: dict[str, StatsReader] = {}
@@ -85,10 +68,6 @@ def contributed_stats(conversation: Conversation) -> dict[str, int]:
     for reader in _stats_readers.values():
         stats.update(reader(conversation))
     return stats
-
-
-# --------------------------------------------------------------------------- commits
-# What a commit of the core tells the apps, inside its transaction.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,12 +113,9 @@ class LockAgain(Exception):
 
 
 class CommitHook:
-    """What an app does inside the core's commits. Each commit asks ``concerns`` first
-    (before its transaction, and again under its row lock when a hook said no), then, in its
-    transaction, calls ``lock`` of each hook concerned before it locks its own row (an app's
-    lock order comes first) and ``apply`` once its own changes are made, before it saves the
-    conversation row. ``apply`` may move the row's counters (``active_tokens`` and the
-    blocks' share); the commit saves them. The defaults concern nothing."""
+    """What an app does inside the core's commits: ``concerns`` is asked before the
+    transaction; in it, ``lock`` comes before the commit's row lock and ``apply`` after its
+    own changes (it may move the row's counters, which the commit saves)."""
 
     def concerns(self, conversation: Conversation, event: Event, *, db: str) -> bool:
         return False
@@ -159,15 +135,8 @@ def register_commit_hook(name: str, hook: CommitHook) -> None:
     _commit_hooks[name] = hook
 
 
-@dataclass(frozen=True)
-class Held:
-    """The hooks a commit concerns, each with what its ``lock`` returned."""
-
-    locks: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def names(self) -> frozenset[str]:
-        return frozenset(name for name, _ in self.locks)
+# The hooks a commit concerns, by name in registration order, and what each ``lock`` returned.
+Held = dict[str, Any]
 
 
 def concerned(conversation: Conversation, event: Event, *, db: str) -> frozenset[str]:
@@ -179,26 +148,24 @@ def concerned(conversation: Conversation, event: Event, *, db: str) -> frozenset
 def commit_lock(
     conversation: Conversation, names: frozenset[str], event: Event, *, db: str
 ) -> Held:
-    """Inside the commit's transaction, before its row lock: the locks of the hooks
-    ``names`` for ``event``."""
+    """The locks of the hooks ``names``, taken before the commit's row lock."""
     hooks = [(name, hook) for name, hook in _commit_hooks.items() if name in names]
-    return Held(tuple((name, hook.lock(conversation, event, db=db)) for name, hook in hooks))
+    return {name: hook.lock(conversation, event, db=db) for name, hook in hooks}
 
 
 def newly_concerned(locked: Conversation, event: Event, held: Held, *, db: str) -> bool:
     """Under the row lock: whether a hook that locked nothing is concerned by now (what it
     reads changed since it was asked); the commit must then start over."""
-    others = [hook for name, hook in _commit_hooks.items() if name not in held.names]
+    others = [hook for name, hook in _commit_hooks.items() if name not in held]
     return any(hook.concerns(locked, event, db=db) for hook in others)
 
 
 def commit_apply(held: Held, event: Event, *, locked: Conversation) -> None:
     """The hooks that locked, told of ``event`` inside the transaction."""
-    for name, lock in held.locks:
+    for name, lock in held.items():
         _commit_hooks[name].apply(event, locked=locked, held=lock)
 
 
-# --------------------------------------------------------------------------- summary facts
 # The apps that take the key facts a summary's calls propose (SummaryCommitted.facts).
 
 _fact_takers: set[str] = set()
@@ -215,7 +182,6 @@ def summary_facts_wanted() -> bool:
     return bool(_fact_takers)
 
 
-# --------------------------------------------------------------------------- review pages
 # The sections apps add to the admin's review pages, and the rows they keep per conversation.
 
 CONVERSATION_PAGE = "conversation"

@@ -8,10 +8,9 @@ A context is sent as its pinned parts, in this order, then its body:
                                           facts block, kind "facts")
     body: the active messages by seq      what a compaction may archive, oldest first
 
-Pinned parts are never archived. A compaction archives a prefix of the body, a range of
-seqs, and puts a new summary in the old one's place; the leading message and the blocks stay
-as they are. ``selectors.context_get`` builds the layout once; the planner
-(``policy.plan_compaction``), its estimates and the compaction commit read it. Pure: no ORM.
+A compaction archives a prefix of the body, a range of seqs, behind a new summary; the
+other pinned parts stay. ``selectors.context_get`` builds the layout once; the planner and
+the compaction read it. Pure: no ORM.
 """
 
 from __future__ import annotations
@@ -97,8 +96,7 @@ class ContextLayout:
         return SeqRange(self.body_seqs[0], self.body_seqs[stop - 1])
 
     def compacted(self, *, summary_tokens: int, kept: int) -> tuple[int, int]:
-        """The message and token count of this context once its body is archived but for
-        its newest ``kept`` messages, behind a summary of ``summary_tokens``."""
+        """The message and token count once all but the newest ``kept`` are archived."""
         leading = [part.tokens for part in self.pinned if part.kind == LEADING]
         blocks = [part.tokens for part in self.blocks]
         tail = list(self.body_tokens[len(self.body_tokens) - kept :]) if kept else []
@@ -106,9 +104,7 @@ class ContextLayout:
         return len(sizes), context_tokens(sizes)
 
 
-def layout_of(
-    pinned: Sequence[Part], body: Sequence[tuple[int, int]]
-) -> ContextLayout:
+def layout_of(pinned: Sequence[Part], body: Sequence[tuple[int, int]]) -> ContextLayout:
     """A layout from its pinned parts and its body's (seq, tokens) pairs."""
     return ContextLayout(
         pinned=tuple(pinned),

@@ -1,13 +1,8 @@
-"""The message ctxsum accepts, as one JSON Schema: an OpenAI chat completions message with
-ctxsum's limits. ``ctxsum.validation`` checks every message with it and ``ctxsum.api.schema``
-puts it in the OpenAPI document; nothing else describes a message. Pure: no Django, no I/O.
-
-``MESSAGE`` is draft 2020-12 (OpenAPI 3.1's dialect), its parts named in ``$defs`` (the
-document's components). A ``discriminator`` (OpenAPI's keyword, which validation follows)
-picks the schema of a message by its ``role`` and of a content part by its ``type``. What no
-keyword states is checked beside it: a tool call's id is unique within its message
-(validation); no string holds a NUL character or an unpaired surrogate and no number is
-infinite; the size limits (settings) and which call a tool result answers (the database).
+"""The message ctxsum accepts, as one JSON Schema (draft 2020-12, OpenAPI 3.1's dialect): an
+OpenAI chat completions message with ctxsum's limits, which ``ctxsum.validation`` checks and
+``ctxsum.api.schema`` documents. A ``discriminator`` picks the schema of a message by its
+``role`` and of a content part by its ``type``. What no keyword states (unique call ids, no
+NUL, sizes, which call a result answers) is checked beside it. Pure: no Django, no I/O.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""When to compact a conversation and where to cut it: pure functions, no ORM, no I/O
-(messages are marked for translation; nothing else of Django is used).
+"""When to compact a conversation and where to cut it: pure functions, no ORM, no I/O.
 
-The planner reads the active context as its ``ContextLayout`` (``ctxsum.layout``): the
-pinned parts, never archived, and the body, the active messages in seq order. A compaction
-archives the body's oldest messages, a range of seqs, and replaces them with a new summary;
-the rest of the body is kept verbatim.
+The planner reads the active context as its ``ContextLayout`` (``ctxsum.layout``) and
+returns the range of body seqs a compaction archives behind a new summary.
 """
 
 from __future__ import annotations
@@ -76,9 +73,8 @@ class Reason(StrEnum):
 
 
 def failure_reason(error: BaseException) -> Reason:
-    """The reason a failed compaction is recorded with: ``interrupted`` for an exit that is
-    not an ``Exception`` (KeyboardInterrupt, SystemExit, a worker's timeout, a
-    cancellation), which stopped the worker rather than failed the work."""
+    """The reason a failed compaction is recorded with: ``interrupted`` for what is not an
+    ``Exception`` (an exit, a timeout, a cancellation), which stopped the worker."""
     if not isinstance(error, Exception):
         return Reason.INTERRUPTED
     if isinstance(error, SummaryTruncated):
@@ -118,10 +114,7 @@ class Trigger:
         _check_amount("trigger", "tokens", self.tokens)
 
     def reached(self, message_count: int, token_count: int) -> bool:
-        """Whether a context of this size should be compacted (thresholds are inclusive).
-
-        A trigger with neither key never fires.
-        """
+        """Whether a context of this size should be compacted (thresholds are inclusive)."""
         if self.messages is None and self.tokens is None:
             return False
         if self.messages is not None and message_count < self.messages:
@@ -130,7 +123,7 @@ class Trigger:
 
     def within(self, ratio: float, message_count: int, token_count: int) -> bool:
         """Whether a context of this size is at most ``ratio`` of the trigger in a unit it
-        sets: since every set threshold must be reached, it is then that far from firing."""
+        sets (every set threshold must be reached to fire)."""
         sizes = {"messages": message_count, "tokens": token_count}
         return any(
             sizes[unit] <= int(limit * ratio)
@@ -155,8 +148,7 @@ class Keep:
 
 @dataclass(frozen=True, kw_only=True)
 class Policy:
-    """A trigger, a retention rule that can work with it, and an optional hard ceiling on
-    the context's tokens (``max_context_tokens``)."""
+    """A trigger, a retention rule that works with it, and an optional token ceiling."""
 
     trigger: Trigger
     keep: Keep
@@ -213,8 +205,7 @@ def parse_keep(value: object) -> Keep:
 
 
 def parse_policy(trigger: object, keep: object, max_context_tokens: object = None) -> Policy:
-    """A Policy from the JSON forms of its parts; rejects a keep that leaves the compacted
-    context at the trigger."""
+    """A Policy from the JSON forms of its parts."""
     key = _policy_key(trigger, keep, max_context_tokens)
     if key is None:
         return _parse_policy(trigger, keep, max_context_tokens)
@@ -222,8 +213,7 @@ def parse_policy(trigger: object, keep: object, max_context_tokens: object = Non
 
 
 # Every append with AUTO_COMPACT on asks for its conversation's policy, and most
-# conversations share a few: a policy whose parts are plain amounts is parsed once. A
-# Policy is frozen, and only a successful parse is kept (a refusal is raised every time).
+# conversations share a few: a policy of plain amounts is parsed once (a refusal every time).
 _Amounts = tuple[tuple[str, int | None], ...]
 _PolicyKey = tuple[_Amounts, _Amounts, int | None]
 
@@ -260,11 +250,8 @@ def _parse_policy(trigger: object, keep: object, max_context_tokens: object) -> 
 
 
 def pair_tool_results(messages: Sequence[Message]) -> dict[int, int | None]:
-    """For each tool message's index, the index of the assistant message that requested it.
-
-    Providers reuse ids across turns, so a result belongs to the nearest earlier request
-    carrying its ``tool_call_id``. ``None`` marks an orphan: no earlier request at all.
-    """
+    """For each tool message's index, the index of the nearest earlier assistant message
+    requesting its ``tool_call_id`` (providers reuse ids), or None for an orphan."""
     requested_at: dict[str, int] = {}
     pairs: dict[int, int | None] = {}
     for index, message in enumerate(messages):
@@ -281,11 +268,8 @@ def pair_tool_results(messages: Sequence[Message]) -> dict[int, int | None]:
 
 
 def retention_cutoff(tokens: Sequence[int], *, start: int, keep: Keep) -> int:
-    """The preferred cutoff: the index of the first message the retention rule keeps.
-
-    In tokens mode whole messages are kept, newest first, while they fit in the budget;
-    the newest message is kept even if it alone is over it.
-    """
+    """The index of the first message the retention rule keeps: in tokens mode, whole
+    messages, newest first, while they fit (the newest even if it alone does not)."""
     count = len(tokens)
     if keep.messages is not None:
         return max(start, count - keep.messages)
@@ -320,9 +304,7 @@ class _ToolBoundaries:
             self.earliest_request[index] = earliest
 
     def safe(self, candidate: int) -> int:
-        """``candidate`` moved back to the request of any result the tail would keep
-        without it, or forward past orphaned results at the tail's head; the newest
-        message is never archived."""
+        """``candidate`` as ``safe_cutoff`` moves it."""
         count, pairs = self.count, self.pairs
         cutoff = min(max(candidate, self.start), count)
         moved_back = False
@@ -344,26 +326,19 @@ class _ToolBoundaries:
 
 
 def safe_cutoff(messages: Sequence[Message], *, start: int, candidate: int) -> int:
-    """``candidate`` moved so that no tool call is separated from its results.
-
-    Moves back to the requesting assistant message when the tail would keep results of a
-    request that gets archived; moves forward past orphaned results (their request is gone
-    or pinned) that would otherwise head the tail, but never archives the newest message.
-    """
+    """``candidate`` moved so that no tool call is separated from its results: back to the
+    request of a result the tail would keep, or forward past orphaned results (their request
+    gone or pinned) at the tail's head; the newest message is never archived."""
     return _ToolBoundaries(messages, start).safe(candidate)
 
 
 def summary_budget(
     *, previous_tokens: int, archived_tokens: int, max_tokens: int, goal_tokens: int | None
 ) -> int:
-    """How many tokens the new summary is asked to fit in.
-
-    The previous summary's size plus half of the newly archived messages: always smaller
-    than what it replaces, and a summary can grow as the conversation does, so older facts
-    are not squeezed out by every compaction. Below the hard cap ``max_tokens`` with room to
-    spare (a model overshooting a stated length must not be cut off), and at most half of
-    the token size the compaction aims for (``goal_tokens``), so the kept tail has the rest.
-    """
+    """How many tokens the new summary is asked to fit in: the previous summary's size plus
+    half of the newly archived messages (it grows with the conversation, so older facts are
+    not squeezed out), under three quarters of ``max_tokens`` (a model may overshoot) and
+    at most half of ``goal_tokens``, so the kept tail has the rest."""
     budget = min(max_tokens * 3 // 4, previous_tokens + archived_tokens // 2)
     if goal_tokens is not None:
         budget = min(budget, goal_tokens // 2)
@@ -372,8 +347,7 @@ def summary_budget(
 
 @dataclass(frozen=True, kw_only=True)
 class Sizing:
-    """What the planner needs to know about summaries and how far below the trigger a
-    compaction aims (``target_ratio`` of it)."""
+    """What the planner knows of summaries, and how far below the trigger it aims."""
 
     target_ratio: float = 0.5
     summary_max_tokens: int = 1024
@@ -383,14 +357,10 @@ class Sizing:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """What a compaction of a context would do: archive the body's messages in ``archive``
-    (None: none), keep its newest ``kept`` verbatim, and ask for a summary of at most
-    ``summary_budget`` tokens.
-
-    The ``*_after`` numbers estimate the compacted context (pinned parts, a summary of the
-    budgeted size, the kept tail); ``over_trigger`` says that even so it would still reach
-    the trigger or exceed the ceiling.
-    """
+    """What a compaction would do: archive the seqs in ``archive`` (None: none), keep the
+    newest ``kept`` verbatim, and ask for a summary of at most ``summary_budget`` tokens.
+    The ``*_after`` numbers estimate the compacted context; ``over_trigger``: it would
+    still reach the trigger or exceed the ceiling."""
 
     reason: Reason
     archive: SeqRange | None
@@ -416,17 +386,12 @@ def plan_compaction(
     sizing: Sizing = Sizing(),
 ) -> Plan:
     """Decide whether and where to compact the context ``layout`` describes; ``body`` holds
-    its body messages (OpenAI format), for the tool boundaries.
+    its body messages (OpenAI format), for the tool boundaries. ``force`` ignores the
+    trigger but still honours retention and tool boundaries.
 
-    The pinned parts stay; a compacted context keeps the contributed blocks (the key facts
-    block) at their current size. ``force`` ignores the trigger (a manual compaction) but
-    still honours retention and tool boundaries.
-
-    Retention's ``keep`` is the most that stays verbatim. When keeping it would leave the
-    context at the trigger (or above ``max_context_tokens``), fewer messages are kept, so
-    the result lands at ``target_ratio`` of the trigger and the next append does not compact
-    again at once; never fewer than the newest message and its tool round. If even that
-    minimum stays at the trigger, the compaction still goes ahead and says ``over_trigger``.
+    ``keep`` is the most that stays verbatim: when it would leave the context at the
+    trigger (or ceiling), fewer are kept so the result lands at ``target_ratio`` of it;
+    never fewer than the newest message and its tool round (then ``over_trigger``).
     """
     if len(body) != len(layout.body_seqs):
         raise ValueError(f"{len(body)} body messages for {len(layout.body_seqs)} seqs.")
@@ -463,8 +428,7 @@ def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Pla
 
 
 class _Estimates:
-    """The plans of one context, with what every candidate cutoff (an index into the body)
-    shares computed once."""
+    """The plans of one context, what every candidate cutoff shares computed once."""
 
     def __init__(self, layout: ContextLayout, *, policy: Policy, sizing: Sizing) -> None:
         self.layout, self.policy, self.sizing = layout, policy, sizing
@@ -515,8 +479,7 @@ class _Estimates:
         return self._plan(Reason.COMPACTED, cutoff, count_after, tokens_after, budget)
 
     def lands(self, plan: Plan) -> bool:
-        """Whether a plan lands far enough below the trigger and the ceiling that the next
-        append does not compact again at once."""
+        """Whether a plan lands at ``target_ratio`` of the trigger and the ceiling."""
         ratio, ceiling = self.sizing.target_ratio, self.policy.max_context_tokens
         if ceiling is not None and plan.tokens_after > int(ceiling * ratio):
             return False
@@ -524,8 +487,7 @@ class _Estimates:
 
 
 def _goal_tokens(policy: Policy, ratio: float) -> int | None:
-    """The token size a compaction that keeps fewer aims for: that share of the token
-    trigger and of the ceiling."""
+    """The token size a compaction that keeps fewer aims for."""
     limits = [policy.trigger.tokens, policy.max_context_tokens]
     goals = [int(limit * ratio) for limit in limits if limit is not None]
     return min(goals) if goals else None

@@ -1,17 +1,6 @@
-"""Token counting with tiktoken, following OpenAI's chat accounting.
-
-A message costs ``MESSAGE_OVERHEAD`` tokens plus its role and content, plus
-``NAME_OVERHEAD`` and the name when it has one (OpenAI's cookbook: 3 per message, 1 per
-name). Tool calls add their function name and arguments plus ``TOOL_CALL_OVERHEAD`` each; a
-tool result adds its ``tool_call_id``. A refusal (a content part, or the ``refusal`` field of
-an assistant reply) counts as its text. A request is primed with ``REPLY_PRIMING`` tokens.
-
-Non-text parts are estimated, since their real cost needs data we do not decode:
-an image costs ``IMAGE_LOW_TOKENS`` at ``detail: "low"`` and ``IMAGE_TOKENS`` otherwise (what
-OpenAI bills a 1024x1024 image at high detail: 85 + 4 tiles x 170); an audio part
-``AUDIO_TOKENS``; a file part ``FILE_TOKENS`` plus its file name.
-
-Encodings are loaded once per process and shared by every thread.
+"""Token counting with tiktoken, following OpenAI's chat accounting (its cookbook: 3 tokens
+per message, 1 per name). Non-text parts are estimated, since their real cost needs data we
+do not decode. Encodings are loaded once per process and shared by every thread.
 """
 
 from __future__ import annotations
@@ -30,7 +19,7 @@ NAME_OVERHEAD = 1
 TOOL_CALL_OVERHEAD = 3
 REPLY_PRIMING = 3
 IMAGE_LOW_TOKENS = 85
-IMAGE_TOKENS = 765
+IMAGE_TOKENS = 765  # a 1024x1024 image at high detail: 85 + 4 tiles x 170
 AUDIO_TOKENS = 300
 FILE_TOKENS = 1000
 FALLBACK_ENCODING = "o200k_base"
@@ -54,8 +43,7 @@ def encoding_name_for_model(model: str) -> str:
 
 
 def encoding_for(model: str | None = None) -> Encoding:
-    """The encoding for ``model``: the ``ENCODING`` setting if set, else tiktoken's choice
-    for the model, else o200k_base."""
+    """The encoding for ``model``: ENCODING if set, else tiktoken's, else the fallback."""
     name = ctxsum_settings.ENCODING or encoding_name_for_model(
         model or ctxsum_settings.DEFAULT_MODEL
     )

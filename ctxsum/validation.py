@@ -1,11 +1,8 @@
 """What a model API would reject is rejected here: OpenAI chat messages checked against
-``ctxsum.message_schema`` (the one description of a message), with errors that name the
-field. Pure: no ORM, no I/O.
+``ctxsum.message_schema``, with errors that name the field. Pure: no ORM, no I/O.
 
-``schema_failures`` walks the schema as JSON Schema reads it, for the keywords it uses, and
-says where a value fails and which keyword failed; the rest of this module words each
-failure as the API answers it: one error per field, each content part's first, and every
-error of each tool call.
+``schema_failures`` walks the schema for the keywords it uses and says where a value fails
+and which keyword failed; the rest words each failure as the API answers it.
 """
 
 from __future__ import annotations
@@ -125,9 +122,8 @@ Unset = Literal[_Unset.UNSET]
 
 def unstorable(value: Any) -> str | None:
     """What keeps a JSON value out of the database, or None: a NUL character or an unpaired
-    surrogate in a string or key (PostgreSQL's text and jsonb refuse both, and neither is
-    valid UTF-8 text), or a number that is not finite (JSON has none; ``1e400`` parses as
-    infinity)."""
+    surrogate in a string or key (PostgreSQL refuses both), or a number that is not finite
+    (``1e400`` parses as infinity)."""
     pending = [value]
     while pending:
         item = pending.pop()
@@ -204,9 +200,8 @@ def _accepts(schema: Schema, value: Any) -> bool:
 
 
 def schema_failures(schema: Schema, value: Any, path: Path = ()) -> Iterator[Failure]:
-    """Every failure of ``value`` against ``schema``. A node's first failing keyword of
-    type, enum and the limits is its only failure; an object's keys and an array's items
-    are checked each. ``oneOf`` without a type is a choice by type (or by discriminator)."""
+    """Every failure of ``value`` against ``schema``: a node's first failing keyword of
+    type, enum and the limits, then each key or item. ``oneOf`` without a type picks by type."""
     schema = _resolve(schema)
     if "discriminator" in schema:
         yield from _tagged_failures(schema, value, path)
@@ -260,9 +255,6 @@ def _object_failures(schema: Schema, value: Mapping[str, Any], path: Path) -> It
             yield from schema_failures(subschema, value[key], (*path, key))
         elif key in schema.get("required", ()):
             yield Failure((*path, key), "required")
-
-
-# --------------------------------------------------------------------------- messages
 
 
 def _worded(failure: Failure) -> str:
@@ -356,10 +348,7 @@ def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
 
 def clean_message(message: Any, *, max_bytes: int) -> dict[str, Any]:
     """Check one OpenAI chat message and return it normalized (only the fields it has).
-
-    Raises MessagesInvalid (with this message's errors as its only entry) naming each bad
-    field, or TooLarge when its JSON is over ``max_bytes``.
-    """
+    Raises MessagesInvalid naming each bad field, or TooLarge over ``max_bytes``."""
     if not isinstance(message, Mapping):
         raise MessagesInvalid([{"non_field_errors": [str(NOT_AN_OBJECT)]}])
     problems = {

@@ -1,17 +1,12 @@
-"""The facts block of a context: which facts it shows, and keeping its token count in the
-conversation's counters whenever facts change.
-
-The block is one user message after the summary (``ctxsum.facts.lines``): a conversation's
-own facts and its subject's, in ``FACT_ORDER`` (pinned first, then the most recently
-confirmed), as many as ``FACTS_MAX_TOKENS`` allows. Its tokens are part of
-``Conversation.active_tokens``, so the trigger counts it like any message;
-``Conversation.facts_tokens`` remembers its share.
+"""The facts block of a context: one user message after the summary showing a
+conversation's own facts and its subject's, in ``FACT_ORDER``, as many as
+``FACTS_MAX_TOKENS`` allows; its tokens count in ``active_tokens`` (``facts_tokens`` is
+its share), kept up to date whenever facts change.
 
 Lock order (docs/architecture.md, "Key facts"): the owner's user row first, FOR NO KEY
-UPDATE (``facts.services.owner_lock``: a person's write of a subject's fact, a conversation
-taking or leaving a subject), then the conversations that show the facts being changed, in
-primary-key order (``conversations_lock``), then a fact's own row. Each step is optional,
-none is taken out of this order, so no two writers of facts wait on each other in a cycle.
+UPDATE (``facts.services.owner_lock``), then the conversations that show the facts being
+changed, in primary-key order (``conversations_lock``), then a fact's own row. Each step is
+optional, none is taken out of this order.
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ MIN_LINE_TOKENS = 3
 
 
 def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
-    """The conversation's own facts and, when it names a subject, the subject's, in
-    ``FACT_ORDER``."""
+    """The conversation's own facts and its subject's, in ``FACT_ORDER``."""
     db = conversation._state.db
     facts = Fact.objects.using(db) if db else Fact.objects.all()
     visible = facts.filter(conversation=conversation)
@@ -60,14 +54,12 @@ def block_order(fact: Fact) -> tuple[bool, int, str, float]:
 
 def candidates_limit() -> int:
     """How many facts, in block order, a block is chosen from: as many as could fit, each
-    key twice (the conversation's own and its subject's). A read of the block stays the
-    same size however many facts a conversation has gathered."""
+    key twice (the conversation's own and its subject's)."""
     return 2 * (max(ctxsum_settings.FACTS_MAX_TOKENS, 0) // MIN_LINE_TOKENS + 1)
 
 
 def facts_candidates(conversation: Conversation) -> QuerySet[Fact]:
-    """The facts the conversation's block is chosen from (one query): the first
-    ``candidates_limit()`` of ``facts_visible``."""
+    """The facts the conversation's block is chosen from (one query)."""
     return facts_visible(conversation)[: candidates_limit()]
 
 
@@ -83,11 +75,9 @@ def one_per_key(facts: Iterable[Fact]) -> dict[str, Fact]:
 
 
 def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[Fact]:
-    """The facts the block shows, in its order, from the facts the conversation sees in
-    ``FACT_ORDER`` (all of them, or at least the first ``candidates_limit()``, which is what
-    the block is chosen from): one per key (``one_per_key``), as long as the block stays
-    within FACTS_MAX_TOKENS (a fact that does not fit is left out, a shorter one after it
-    may still fit)."""
+    """The facts the block shows, in its order, from those the conversation sees in
+    ``FACT_ORDER`` (at least the first ``candidates_limit()``): one per key, while the block
+    stays within FACTS_MAX_TOKENS (a shorter fact after one that does not fit may)."""
     limit = ctxsum_settings.FACTS_MAX_TOKENS
     candidates = one_per_key(ordered[: candidates_limit()]).values()
     chosen: list[Fact] = []
@@ -103,8 +93,8 @@ def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[F
 
 
 def facts_block(conversation: Conversation) -> Block | None:
-    """The conversation's facts block as its facts stand now, counted now (one query); None
-    when it shows no fact. Registered with ``ctxsum.hooks`` as the context's "facts" block."""
+    """The conversation's facts block as its facts stand now (one query); None when it shows
+    no fact. The context's "facts" block contributor."""
     model = conversation.model or None
     facts = facts_chosen(list(facts_candidates(conversation)), model=model)
     if not facts:
@@ -131,10 +121,8 @@ def _header_tokens(model: str | None) -> int:
 
 
 def line_tokens(fact: Fact, *, model: str | None) -> int:
-    """``fact``'s ``token_count``: its line, counted with ``model`` (the model of the
-    conversation whose own fact it is) or, for a subject's fact, shown to conversations of
-    any model, with DEFAULT_MODEL's encoding, whoever writes it. Each block is counted
-    exactly with its conversation's model (``block_tokens``)."""
+    """``fact``'s ``token_count``: its line counted with its conversation's ``model``, or for
+    a subject's fact (shown with any model) DEFAULT_MODEL's encoding."""
     own = fact.conversation_id is not None
     return fact_tokens(fact.key, fact.value, model=model if own else None)
 
@@ -157,10 +145,9 @@ def facts_count(conversation: Conversation) -> int:
 
 
 def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> None:
-    """Recount the facts block of each conversation (locked by the caller) and move its
-    ``active_tokens`` by what its size changed, and its ``revision`` once: when the size
-    changed or, with ``changed`` (facts it shows were written: a value of the same size
-    still reads differently), in any case. Rows left as they were are not saved."""
+    """Recount the facts block of each conversation (locked by the caller), saving those
+    whose size changed, or all with ``changed`` (facts they show were written), with their
+    ``revision`` moved."""
     for conversation in locked:
         count = facts_count(conversation)
         if count == conversation.facts_tokens and not changed:

@@ -1,12 +1,7 @@
 """Key facts in the core's commits (``ctxsum.hooks``): a summary's facts merged, a reverted
 version's undone, a redacted message's taken back, a conversation's facts block recounted
-when its subject or model changes, each inside the commit's transaction.
-
-A commit that changes facts first locks the conversations that show them (``facts_lock``:
-a subject's, in primary-key order), then its own row; one that changes none (a summary
-without facts, a version that wrote none, a message no fact cites) locks its own row only.
-A conversation given a subject locks its owner's row first (``owner_lock``: subjects and
-subject facts change one at a time per owner).
+when its subject or model changes, each inside the commit's transaction and in the lock
+order of ``ctxsum.facts.block``.
 """
 
 from __future__ import annotations

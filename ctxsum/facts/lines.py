@@ -1,10 +1,4 @@
-"""Pure: how one key fact reads in the context's facts block, and what its line costs.
-
-Shared by the summarizer's merge, a person's edits and the context read. A fact's stored
-``token_count`` is its line counted with one encoding (``block.line_tokens`` says which);
-the block as a whole is counted exactly with its conversation's. The limits of a key and a
-value, and ``one_line``, are the summarizer's (``ctxsum.summarizers.facts``).
-"""
+"""Pure: how one key fact reads in the context's facts block, and what its line costs."""
 
 from __future__ import annotations
 

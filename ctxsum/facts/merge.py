@@ -1,29 +1,12 @@
 """The key facts a summary version proposed, merged by key into the stored facts inside the
-commit of the compaction or rebuild that wrote the version; undone with the version; taken
-back when a message they came from is redacted.
+commit that wrote the version; undone with the version; taken back when a message they came
+from is redacted (docs/architecture.md, "Key facts"; lock order: ``ctxsum.facts.block``).
 
-Where they go: a conversation that names a subject writes the subject's facts (shared by
-every conversation of its owner naming it), unless it has a fact of its own under that key;
-a conversation without a subject writes its own.
-
-How (docs/architecture.md, "Key facts"): a new key is created; the same value again is
-confirmed (``confirmed_at``, ``source_seqs``); a new value replaces the old one, unless the
-fact is pinned or a person wrote it: then it is only proposed (``proposed_value``). Every
-write records a ``FactChange`` with the fact as it was, which is what a revert restores.
-
-Lock order (``ctxsum.facts.block``): the facts of a subject are shown by all of its
-conversations, and a commit that changes them locks those conversations in primary-key
-order (``facts_lock``) before its own lease-filtered lock of its row (one of them), as a
-person's write of them does after the owner's row. A commit with no fact to write (an
-answer without facts, a version that wrote none, a message no fact cites) locks its own row
-only. The owner's row is locked FOR NO KEY UPDATE, so the foreign-key check of a new fact's
-owner (FOR KEY SHARE, at the commit) never waits for a person's write that waits for these
-conversations.
-
-Facts never cost a summary: a fact the database could not store is dropped when the answer
-is parsed (``ctxsum.summarizers.facts``); data the merge still cannot store is skipped, said in
-``Summary.facts_skipped``, and the summary commits; a database error still rolls back the
-whole commit.
+A conversation that names a subject writes the subject's facts, unless it has its own under
+that key. A new key is created; the same value again is confirmed; a new value replaces the
+old one, unless the fact is pinned or a person wrote it: then it is only proposed. Every
+write records a ``FactChange`` with the fact as it was, which a revert restores. Facts never
+cost a summary: what the merge cannot store is skipped, said in ``Summary.facts_skipped``.
 """
 
 from __future__ import annotations
@@ -72,12 +55,9 @@ MODEL, PERSON = Fact.ChangedBy.MODEL, Fact.ChangedBy.PERSON
 
 
 def facts_lock(conversation: Conversation, *, db: str) -> list[Conversation]:
-    """The first lock of a commit that changes facts, before the commit's own row lock:
-    when ``conversation`` names a subject, every conversation of its owner naming it (the
-    facts it writes are theirs too), in primary-key order, its own row among them. Nothing
-    when it names none: the commit's own row lock covers its own facts. Inside the caller's
-    transaction; a commit with no fact to change skips it (``facts_to_revert``,
-    ``facts_cite``; a summary without facts)."""
+    """The first lock of a commit that changes facts, before its own row lock: every
+    conversation of the owner naming ``conversation``'s subject (none without one: its own
+    row lock covers its own facts)."""
     if not conversation.subject:
         return []
     return conversations_lock(
@@ -108,15 +88,10 @@ def facts_commit(
     facts: Sequence[ProposedFact],
     room: int | None = None,
 ) -> None:
-    """Merge the ``facts`` version ``summary`` proposed, in the commit transaction, then
-    bring the facts blocks up to date: ``locked``'s counters (``active_tokens``,
-    ``facts_tokens``; saved by the caller with the rest of the commit, one ``revision``)
-    and every other conversation of ``shown`` (locked by ``facts_lock``) that shows them.
-
-    ``subject`` is the one the snapshot saw, whose conversations ``shown`` holds: when the
-    conversation names another one by now, the facts are skipped (and said so). ``room``:
-    the most tokens ``locked``'s facts block may grow by (a compaction must leave a smaller
-    context than it found); facts that would grow it further are skipped."""
+    """Merge the ``facts`` version ``summary`` proposed, then bring the facts blocks of
+    ``locked`` (its counters, saved by the caller) and of ``shown`` up to date. ``subject``:
+    the one whose conversations ``shown`` holds (another one by now: the facts are skipped).
+    ``room``: the most tokens ``locked``'s block may grow by."""
     if not facts:
         return
     if locked.subject != subject:
@@ -133,8 +108,7 @@ def facts_commit(
         return
     if merged.skipped:
         _skipped(summary, merged.skipped)
-    _own_block(locked, merged.count)
-    _others(locked, shown, shared=merged.shared)
+    _recount(locked, shown, merged.count, shared=merged.shared)
 
 
 def facts_merge(
@@ -145,11 +119,7 @@ def facts_merge(
     room: int | None = None,
 ) -> Merged:
     """Merge ``facts`` by key into the facts ``locked`` shows, recording a ``FactChange``
-    for every write; the caller holds the locks (``facts_lock`` and the row's own).
-
-    With ``room``, a fact whose merge would grow ``locked``'s block to more than ``room``
-    tokens past what it costs before the merge is left out (the block is counted as it
-    would read, before anything is written)."""
+    for every write; with ``room``, a fact that would grow the block past it is left out."""
     db = locked._state.db or "default"
     now = timezone.now()
     model = locked.model or None
@@ -162,9 +132,8 @@ def facts_merge(
         ordered = sorted(state.values(), key=block_order)
         return block_tokens(facts_chosen(ordered, model=model), model=model)
 
-    count = block()
     # Against the block as it reads now: the context the compaction saw.
-    limit = None if room is None else count + room
+    limit = None if room is None else block() + room
     writes: list[tuple[Fact | None, Fact, str]] = []
     crowded = 0
     for proposed in facts:
@@ -173,19 +142,15 @@ def facts_merge(
         slot: object = target.pk if target is not None else ("new", proposed.key)
         previous = state.get(slot)
         state[slot] = merged
-        if limit is not None:
-            after = block()
-            if after > limit:
-                crowded += 1
-                if previous is None:
-                    del state[slot]
-                else:
-                    state[slot] = previous
-                continue
-            count = after
+        if limit is not None and block() > limit:
+            crowded += 1
+            if previous is None:
+                del state[slot]
+            else:
+                state[slot] = previous
+            continue
         writes.append((target, merged, kind))
-    if limit is None:
-        count = block()
+    count = block()  # before the writes give the new facts their ids
     _write(db, writes, summary, now)
     return Merged(
         count=count,
@@ -213,21 +178,12 @@ MERGED_FIELDS = (
 def _write(
     db: str, writes: Sequence[tuple[Fact | None, Fact, str]], summary: Summary, now: Any
 ) -> None:
-    """The merge's writes in at most three statements however many facts: the new facts,
-    the changed ones, and their FactChange rows."""
+    """The merge's writes in three statements at most: new facts, changed ones, changes."""
     created = [merged for target, merged, _ in writes if target is None]
     changed = [merged for target, merged, _ in writes if target is not None]
-    if created:
-        Fact.objects.using(db).bulk_create(created)
-        if any(fact.pk is None for fact in created):
-            # A database that returns no ids from a bulk insert: read them back by key.
-            ids = dict(
-                Fact.objects.using(db)
-                .filter(summary=summary, key__in=[fact.key for fact in created])
-                .values_list("key", "pk")
-            )
-            for fact in created:
-                fact.pk = ids[fact.key]
+    # Sets the new facts' ids: every database ctxsum runs on returns them (its appends
+    # need RETURNING too).
+    Fact.objects.using(db).bulk_create(created)
     if changed:
         for fact in changed:
             fact.updated_at = now
@@ -243,8 +199,7 @@ def _write(
 def _merged(
     fact: Fact | None, proposed: ProposedFact, *, locked: Conversation, summary: Summary, now: Any
 ) -> tuple[Fact, str]:
-    """The fact as merging ``proposed`` into ``fact`` (None: none under its key) leaves it,
-    as a new instance (``fact`` is left as it is), and the kind of change."""
+    """A new instance of ``fact`` (None: none yet) with ``proposed`` merged, and the kind."""
     model = locked.model or None
     if fact is None:
         created = Fact(
@@ -297,27 +252,17 @@ def _before(fact: Fact) -> FactChange:
     )
 
 
-# --------------------------------------------------------------------------- revert
-
-
 def facts_to_revert(target: Summary) -> bool:
-    """Whether version ``target`` wrote facts, which a revert of it undoes (read before the
-    revert's transaction: a version's changes are all written by its own commit)."""
+    """Whether version ``target`` wrote facts, which a revert of it undoes."""
     return FactChange.objects.using(target._state.db).filter(summary=target).exists()
 
 
 def facts_revert(
     *, locked: Conversation, shown: Sequence[Conversation], subject: str, target: Summary
 ) -> None:
-    """Undo what version ``target`` wrote to facts, newest change first, in the revert's
-    transaction: a fact it created is deleted, one it changed gets its old value, source
-    and confirmation back (or is deleted, when its old value came from a message redacted
-    since: ``facts_forget``), a value it proposed is withdrawn. A fact a person edited or
-    pinned since stays as it is, and so does one another version changed or another
-    conversation of the subject confirmed since. Then the facts blocks are recounted, as
-    after a merge (``locked``'s counters saved by the caller). ``subject`` is the one whose
-    conversations ``facts_lock`` locked: the facts of another subject are left as they
-    are."""
+    """Undo what version ``target`` wrote to facts, newest change first (``_undo``), then
+    recount the blocks as after a merge. The facts of a subject other than ``subject``, whose
+    conversations ``facts_lock`` locked, are left as they are."""
     db = locked._state.db or "default"
     changes = list(
         FactChange.objects.using(db).filter(summary=target).select_related("fact").order_by("-id")
@@ -330,13 +275,13 @@ def facts_revert(
         if not _held(fact, locked) or (fact.conversation_id is None and subject != locked.subject):
             continue  # a fact of another subject by now: its conversations are not locked
         shared |= _undo(change, target=target, locked=locked, db=db)
-    _own_block(locked, facts_count(locked))
-    _others(locked, shown, shared=shared)
+    _recount(locked, shown, facts_count(locked), shared=shared)
 
 
 def _undo(change: FactChange, *, target: Summary, locked: Conversation, db: str) -> bool:
-    """Undo one ``change`` version ``target`` made to a fact ``locked`` shows, unless the fact
-    moved on since; whether a subject's fact changed."""
+    """Undo one ``change`` of version ``target`` (a created fact deleted, a changed one as it
+    was, a proposal withdrawn), unless the fact moved on since (a person's edit or pin,
+    another version's change or confirmation); whether a subject's fact changed."""
     fact = change.fact
     if change.kind == Kind.PROPOSED:
         if fact.proposed_by_id == target.pk:
@@ -374,9 +319,6 @@ def _undo(change: FactChange, *, target: Summary, locked: Conversation, db: str)
     fact.proposed_by_id = change.old_proposed_by_id
     fact.save(using=db)
     return fact.conversation_id is None
-
-
-# --------------------------------------------------------------------------- redaction
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -419,23 +361,17 @@ def _citing(conversation: Conversation, seq: int, *, db: str) -> _Citing:
 
 
 def facts_cite(conversation: Conversation, seq: int, *, db: str) -> bool:
-    """Whether anything of the facts holds words of message ``seq`` of ``conversation``: a
-    fact taken from it, the record of a fact as it was, a proposal of a version covering
-    it. Then its redaction needs ``facts_lock``."""
+    """Whether anything of the facts holds words of message ``seq`` (its redaction then
+    needs ``facts_lock``)."""
     return bool(_citing(conversation, seq, db=db))
 
 
 def facts_forget(
     *, locked: Conversation, shown: Sequence[Conversation], subject: str, seq: int
 ) -> None:
-    """Take back what the facts hold of message ``seq`` of ``locked``, which was just
-    redacted: delete the model's facts taken from it (a person's fact, or a pinned one,
-    stays: a person chose to keep it); blank the old value of every change whose fact, as
-    it was, came from it (a revert of that change then has no value to restore); withdraw
-    the proposals of the versions covering it, and blank them in the changes that hold
-    them. Then recount the facts blocks. In the redaction's transaction, under
-    ``facts_lock``, which locked the conversations of ``subject`` (the facts of another
-    subject are not deleted)."""
+    """Take back what the facts hold of message ``seq`` of ``locked``, just redacted (see
+    ``_Citing``: a person's or a pinned fact stays), then recount the facts blocks. The
+    facts of a subject other than ``subject`` (locked by ``facts_lock``) are not deleted."""
     db = locked._state.db or "default"
     citing = _citing(locked, seq, db=db)
     FactChange.objects.using(db).filter(pk__in=citing.changes).update(old_value="")
@@ -453,11 +389,8 @@ def facts_forget(
     if not cited:
         return
     Fact.objects.using(db).filter(pk__in=[fact.pk for fact in cited]).delete()
-    _own_block(locked, facts_count(locked))
-    _others(locked, shown, shared=any(fact.conversation_id is None for fact in cited))
-
-
-# --------------------------------------------------------------------------- helpers
+    shared = any(fact.conversation_id is None for fact in cited)
+    _recount(locked, shown, facts_count(locked), shared=shared)
 
 
 def _held(fact: Fact, locked: Conversation) -> bool:
@@ -471,17 +404,20 @@ def _held(fact: Fact, locked: Conversation) -> bool:
 
 
 def _own_block(locked: Conversation, count: int) -> None:
-    """``count``, the tokens of the facts block of the conversation being committed, into
-    its counters (not saved: the commit saves them with its own, under one ``revision``)."""
+    """``count``, the tokens of ``locked``'s facts block, into its counters (not saved)."""
     locked.active_tokens += count - locked.facts_tokens
     locked.facts_tokens = count
 
 
-def _others(locked: Conversation, shown: Sequence[Conversation], *, shared: bool) -> None:
-    """Recount the blocks of the other conversations of ``shown``, moving each revision
-    when a subject's fact they may show changed (``shared``), or their block's size did."""
-    others = [conversation for conversation in shown if conversation.pk != locked.pk]
-    facts_recount(others, changed=shared)
+def _recount(
+    locked: Conversation, shown: Sequence[Conversation], count: int, *, shared: bool
+) -> None:
+    """``count`` into ``locked``'s counters, then recount the blocks of the other
+    conversations of ``shown`` (``shared``: a subject's fact they may show changed)."""
+    _own_block(locked, count)
+    facts_recount(
+        [conversation for conversation in shown if conversation.pk != locked.pk], changed=shared
+    )
 
 
 def _skipped(summary: Summary, reasons: Sequence[str]) -> None:

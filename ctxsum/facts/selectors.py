@@ -21,8 +21,7 @@ def _annotated(facts: QuerySet[Fact]) -> QuerySet[Fact]:
 
 @dataclass(frozen=True, kw_only=True)
 class FactsSeen:
-    """The facts a conversation sees (its own and its subject's), listed in ``FACT_ORDER``,
-    and the ids of those its facts block shows now."""
+    """The facts a conversation sees, and the ids of those its facts block shows now."""
 
     facts: list[Fact]
     shown: frozenset[int]
@@ -36,9 +35,7 @@ class FactsSeen:
 
 
 def conversation_facts(*, conversation: Conversation) -> FactsSeen:
-    """The facts ``conversation`` sees, and which of them its block shows: the block's own
-    choice (``facts_chosen``), from the same facts in the same order as the context read.
-    One query."""
+    """The facts ``conversation`` sees, and which of them its block shows (one query)."""
     facts = list(_annotated(facts_visible(conversation)))
     chosen = facts_chosen(facts, model=conversation.model or None)
     return FactsSeen(facts=facts, shown=frozenset(fact.pk for fact in chosen))

@@ -1,20 +1,12 @@
 """An append's claim on its conversation row: one UPDATE that moves the counters, hands out
-the batch's ``seq`` numbers and returns the row.
+the batch's ``seq`` numbers and returns the row (RETURNING, in the same round trip).
 
-The UPDATE holds the row lock until the transaction ends, as ``SELECT … FOR UPDATE`` did, so
-appends, compaction commits, reverts and deletes still serialize on the row; PostgreSQL
-computes ``next_seq + n`` on the row as the previous lock holder committed it, so concurrent
-appends get consecutive, disjoint ranges. RETURNING brings the row back in the same round
-trip (PostgreSQL, and SQLite from 3.35, which ctxsum needs anyway: its inserts read primary
-keys back). What the append does next under the lock (the tool-result checks, the INSERT)
-runs in the same transaction: a refusal rolls the counters back with it.
-
-On PostgreSQL, an append with nothing to check under the lock (no tool result) is one
-statement (``append_claim_insert``): the UPDATE in a ``WITH`` clause, the INSERT that takes
-its seqs from the row the UPDATE returned, and the tool-call index rows of what it
-inserted. A statement is atomic on its own, so it needs no ``BEGIN`` and ``COMMIT``: one
-round trip instead of four (or five, with tool calls). Its rows carry the values the
-transaction's INSERT would (``inserts.row_values``).
+The UPDATE holds the row lock until the transaction ends, as ``SELECT … FOR UPDATE`` would,
+and computes ``next_seq + n`` on the row as the previous holder committed it, so concurrent
+appends get disjoint ranges. On PostgreSQL, an append with nothing to check under the lock
+is one statement (``append_claim_insert``): the UPDATE in a ``WITH`` clause, the INSERT
+taking its seqs from the row it returned, and the tool-call index rows; one round trip
+instead of four, with the values the transaction's INSERT would store.
 """
 
 from __future__ import annotations
@@ -47,11 +39,9 @@ _CONVERTERS: WeakKeyDictionary[BaseDatabaseWrapper, tuple[SQLCompiler, dict[int,
 
 
 def append_claim(*, pk: Any, db: str, count: int, tokens: int) -> Conversation:
-    """Lock the conversation ``pk`` on ``db`` for the rest of the transaction and move its
-    counters by an append of ``count`` messages holding ``tokens`` tokens (``revision`` and
-    ``updated_at`` move too). Returns the row as it is now: the batch's seqs run from
-    ``next_seq - count`` to ``next_seq - 1``. Raises Conversation.DoesNotExist when the
-    conversation does not exist (or was deleted meanwhile). Call inside a transaction."""
+    """Lock the conversation ``pk`` for the rest of the transaction and move its counters by
+    an append of ``count`` messages of ``tokens`` tokens; the row as it is now (the batch's
+    seqs end at ``next_seq - 1``). Raises Conversation.DoesNotExist when it is gone."""
     connection = connections[db]
     with connection.cursor() as cursor:
         cursor.execute(_sql(connection), _claim_params(pk, count, tokens, connection))
@@ -62,11 +52,9 @@ def append_claim(*, pk: Any, db: str, count: int, tokens: int) -> Conversation:
 
 
 def append_claim_insert(*, pk: Any, db: str, rows: Sequence[Message], tokens: int) -> Conversation:
-    """PostgreSQL: ``append_claim``, the INSERT of ``rows`` (new messages of the
-    conversation ``pk``) and of their tool calls' index rows in one statement, which needs
-    no transaction of its own. The rows get their seqs, from the claimed ``next_seq``, and
-    primary keys. Raises Conversation.DoesNotExist, with nothing inserted, when the
-    conversation does not exist."""
+    """PostgreSQL: ``append_claim`` and the INSERT of ``rows`` and their tool calls' index
+    rows in one statement; the rows get their seqs and primary keys. Raises
+    Conversation.DoesNotExist, with nothing inserted, when the conversation is gone."""
     connection = connections[db]
     statement = _claim_insert(connection)
     params = _claim_params(pk, len(rows), tokens, connection)
@@ -84,9 +72,9 @@ def append_claim_insert(*, pk: Any, db: str, rows: Sequence[Message], tokens: in
     if found is None:
         raise _gone()
     locked = _conversation(found[:-1], db, connection)
-    first_seq = locked.next_seq - len(rows)
-    for offset, (row, row_pk) in enumerate(zip(rows, found[-1], strict=True)):
-        row.seq = first_seq + offset
+    numbered = enumerate(zip(rows, found[-1], strict=True), start=locked.next_seq - len(rows))
+    for seq, (row, row_pk) in numbered:
+        row.seq = seq
         row.pk = row_pk
         row._state.adding = False
         row._state.db = db
@@ -122,12 +110,9 @@ _CLAIM_INSERTS: dict[str, _ClaimInsert] = {}
 
 def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
     """The statement of ``append_claim_insert``, composed once per vendor. Each VALUES row
-    is the row's distance back from ``next_seq`` (the last row's is 1), then its values,
-    cast to their columns' types (a VALUES list in FROM does not take them from the INSERT,
-    and a NULL would be text); ``seq`` is the claimed ``next_seq`` less that distance. The
-    FROM joins the claim, so a conversation that is gone gets no rows. A tool call's VALUES
-    row, its message's distance, its id and its function's name, is never NULL and needs no
-    cast; its index row takes the message's id and seq from what ``added`` returned."""
+    is the row's distance back from the claimed ``next_seq`` (its ``seq`` is that less the
+    distance), then its values cast to their columns' types (a NULL in VALUES would be
+    text). The FROM joins the claim: a conversation that is gone gets no rows."""
     statement = _CLAIM_INSERTS.get(connection.vendor)
     if statement is None:
         quote = connection.ops.quote_name
@@ -168,9 +153,8 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
 
 
 def _values_type(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> str:
-    """The type a VALUES column of ``field`` is cast to: the field's, but ``text`` for a
-    ``varchar(n)``, which an explicit cast would cut to n characters where the INSERT into
-    the column refuses a longer value, as a plain INSERT does."""
+    """The field's type, but ``text`` for a ``varchar(n)``: a cast would cut a longer value
+    that the INSERT must refuse."""
     db_type = field.cast_db_type(connection) or "text"
     return "text" if db_type.startswith("varchar") else db_type
 

@@ -1,15 +1,7 @@
-"""The compaction that follows an append when ``AUTO_COMPACT`` is on.
-
-Under the append's row lock, ``autocompact_schedule`` decides from the conversation's
-counters what follows: nothing (below the trigger), a compaction task enqueued once the
-append commits (``COMPACTION_RUNNER``: Django's tasks framework, Celery, or a callable of
-the project's), or, for a context over ``MAX_CONTEXT_TOKENS`` (or with the ``sync`` runner),
-a compaction in the appending process right after the commit. Never inside the append's
-transaction: the summarizer call must not run while its row lock is held, and its failure
-must never undo the append. ``compaction_due`` is the one decision of whether a conversation
-has compaction work to do; ``conversation_compact_queued``, what the task runs, defers runs
-of itself so that a compaction lost with its worker is done all the same.
-docs/architecture.md, "Background compaction".
+"""The compaction that follows an append when ``AUTO_COMPACT`` is on: a task enqueued once
+the append commits (``COMPACTION_RUNNER``), or, over ``MAX_CONTEXT_TOKENS`` or with the
+``sync`` runner, a compaction in the appending process after the commit; never inside the
+append's transaction (docs/architecture.md, "Background compaction").
 """
 
 from __future__ import annotations
@@ -53,9 +45,8 @@ SYNC = "sync"
 # Compactions one run makes at most: another follows only when messages appended during
 # the summarizer call left the context at its trigger again.
 MAX_ROUNDS = 3
-# A deferred run of the compaction task: ``defer(conversation_id, database, run_after,
-# since)`` enqueues it for ``run_after`` with the task engine's own deferral (a task's
-# run_after, a Celery eta). ``since``: the run is the check of a compaction started then.
+# ``defer(conversation_id, database, run_after, since)`` enqueues the compaction task for
+# ``run_after``; ``since``: the run is the check of a compaction started then.
 Defer = Callable[[str, str, datetime, "str | None"], Any]
 # Attempts that do not end the compaction a check follows: a turn-away by a live lease (the
 # holder may be the one lost) and an interruption (its worker stopped).
@@ -87,26 +78,19 @@ class Schedule(Enum):
 
 def compaction_due(conversation: Conversation) -> bool:
     """Whether the conversation has compaction work to do, from the row's counters alone:
-    its context reaches its trigger or exceeds its ceiling. What an append decides to
-    enqueue by, and what a compaction task, its deferred check and ``ctxsum_compact --due``
-    look at before anything else. A count one too many (``context_messages``) costs at
-    worst a task that finds the trigger not reached."""
+    its context reaches its trigger or exceeds its ceiling (the one decision of it)."""
     policy = conversation_policy(conversation)
     return policy.over(conversation.context_messages, conversation.context_tokens)
 
 
 def over_ceiling(conversation: Conversation) -> bool:
-    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS: compacted
-    in the appending process rather than by a task."""
+    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS."""
     ceiling = conversation_policy(conversation).max_context_tokens
     return ceiling is not None and conversation.context_tokens > ceiling
 
 
 def autocompact_schedule(locked: Conversation) -> Schedule:
-    """From the row as the append left it (in the append's transaction, or right after its
-    one statement on PostgreSQL): what follows the append. For ``QUEUED`` the enqueue is
-    registered with ``on_commit``, so a rolled-back append (or a caller's transaction that
-    rolls back) enqueues nothing."""
+    """What follows the append, from the row as it left it; ``QUEUED`` enqueues on commit."""
     if not ctxsum_settings.AUTO_COMPACT:
         return Schedule.OFF
     if not compaction_due(locked):
@@ -135,11 +119,9 @@ def _enqueue(conversation_id: str, db: str) -> None:
 
 
 def withheld_rebuild(conversation_id: str, db: str) -> None:
-    """After a commit that left the active summary withheld (a redaction, or a revert back
-    to a withheld version), with AUTO_COMPACT: the compaction task rebuilds it, or this
-    process does with the ``sync`` runner. Never raises: the commit stands, and the summary
-    stays withheld (stale, so ``ctxsum_rebuild --stale`` finds it) until a rebuild
-    succeeds."""
+    """After a commit that left the active summary withheld, with AUTO_COMPACT: the
+    compaction task rebuilds it, or this process does with the ``sync`` runner. Never
+    raises: the summary stays withheld (stale) until a rebuild succeeds."""
     if not ctxsum_settings.AUTO_COMPACT:
         return
     if ctxsum_settings.COMPACTION_RUNNER != SYNC:
@@ -154,11 +136,8 @@ def withheld_rebuild(conversation_id: str, db: str) -> None:
 def conversation_autocompact(
     *, conversation: Conversation, schedule: Schedule
 ) -> AutoCompaction | None:
-    """After an append has committed: what ``schedule`` said, carried out. Never raises (the
-    append stands whatever happens here); None when AUTO_COMPACT is off.
-
-    ``NOW`` inside a caller's transaction waits for it to commit (reason ``deferred``).
-    """
+    """After an append has committed: what ``schedule`` said, carried out (``NOW`` inside a
+    caller's transaction waits for its commit). Never raises; None when AUTO_COMPACT is off."""
     if schedule is Schedule.OFF:
         return None
     if schedule is Schedule.BELOW:
@@ -175,22 +154,10 @@ def conversation_autocompact(
 def conversation_compact_queued(
     *, conversation_id: str, database: str, since: str | None = None, defer: Defer | None = None
 ) -> AutoCompaction:
-    """What a compaction task runs: compact the conversation if it has work due.
-
-    Cheap when there is nothing to do: one read of the row answers ``below_trigger`` (an
-    earlier task compacted already). While another worker holds a live lease, the task
-    answers ``in_progress`` (no call, no attempt) and, given ``defer``, runs again once that
-    lease expires: work held by a worker that was killed, or left over by the holder, is
-    done then rather than dropped. Before compacting, the task defers its own check to one
-    lease time later (``since``: when this compaction started), which compacts again only
-    if this one was lost with its worker: it left its lease behind (killed) or recorded an
-    interruption, and no outcome since. Otherwise the check answers that outcome's reason
-    (``below_trigger`` when there is none), with ``detail`` saying so.
-    ``defer(conversation_id, database, run_after, since)`` enqueues the task to run at
-    ``run_after``; without it (a project's own runner, ``ctxsum_compact --due``) nothing is
-    deferred. A failed summarizer call is recorded as a failed attempt and raised, so the
-    task engine marks the task failed; it is not retried (its check finds the attempt).
-    """
+    """What a compaction task runs: compact the conversation if it has work due. Given
+    ``defer``, run again once a live lease expires, and check one lease time after starting
+    (``since``) that this compaction was not lost with its worker (``_check_done``). A
+    failed summarizer call is recorded and raised, not retried."""
     try:
         conversation = Conversation.objects.using(database).get(pk=conversation_id)
     except Conversation.DoesNotExist:
@@ -215,10 +182,8 @@ def conversation_compact_queued(
 
 def _check_done(conversation: Conversation, since: str, *, db: str) -> AutoCompaction | None:
     """What a check answers when the compaction that started at ``since`` was not lost: the
-    reason of the newest attempt that ended it (anything but an interruption or a turn-away
-    by a lease), or ``below_trigger`` when it recorded nothing and left no lease (its plan
-    found the trigger not reached). None when it was lost: it left its lease behind (its
-    worker was killed) or recorded an interruption; the check then compacts."""
+    reason of the newest attempt that ended it, else ``below_trigger``. None when it was
+    lost (it left its lease behind, or recorded an interruption): the check compacts."""
     attempts = CompactionAttempt.objects.using(db).filter(
         conversation=conversation, created_at__gte=datetime.fromisoformat(since)
     )
@@ -233,8 +198,7 @@ def _check_done(conversation: Conversation, since: str, *, db: str) -> AutoCompa
 def _defer(
     defer: Defer | None, conversation_id: str, database: str, run_after: datetime, since: str | None
 ) -> None:
-    """Have the task run again at ``run_after``. A failure is logged: the compaction goes on
-    unguarded, and the next append over the trigger enqueues again."""
+    """Have the task run again at ``run_after``; a failure is logged, not raised."""
     if defer is None:
         return
     try:
@@ -244,10 +208,8 @@ def _defer(
 
 
 def _compact_rounds(conversation: Conversation) -> AutoCompaction:
-    """Compact; again (at most MAX_ROUNDS in all) while messages appended during the
-    summarizer call left the context at its trigger. A summary still withheld after a
-    redaction is then rebuilt (a compaction writes it anew, but only when the trigger is
-    reached). Raises what conversation_compact and conversation_rebuild raise."""
+    """Compact; again (MAX_ROUNDS in all) while messages appended during the call left the
+    context at its trigger; then rebuild a summary still withheld after a redaction."""
     result: CompactionResult | None = None
     for _round in range(MAX_ROUNDS):
         newest = conversation.next_seq

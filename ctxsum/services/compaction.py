@@ -1,10 +1,8 @@
 """Compaction: replace the oldest messages of the active context with an LLM summary.
 
-The discipline (docs/architecture.md): read a snapshot, take the lease (services/leases.py),
-call the summarizer outside every transaction (services/summaries.py), then lock the row
-again, filtered on the lease, and commit only if what the snapshot saw is still true. A slow
-LLM call never holds a row lock or blocks an append; a failure before the commit leaves the
-conversation exactly as it was; losing a race wastes a summary, never a message.
+Snapshot, lease, summarize outside every transaction, then lock the row filtered on the
+lease and commit only if the snapshot still holds (docs/architecture.md): losing a race
+wastes a summary, never a message.
 """
 
 from __future__ import annotations
@@ -48,10 +46,7 @@ class NoGain(WriteNothing):
 @dataclass(kw_only=True)
 class CompactionResult:
     """What a compaction did; ``reason`` says why when nothing was compacted.
-
-    ``over_trigger``: the context (as compacted, or as a dry run would leave it) still
-    reaches the trigger or exceeds ``max_context_tokens``.
-    """
+    ``over_trigger``: the context (as left, or as a dry run would leave it) is still over."""
 
     compacted: bool
     reason: Reason
@@ -74,9 +69,7 @@ class _Run:
     archived: list[Message]
     force: bool
     db: str
-    # What the summarizer reads: the summary so far and the archived messages, or, when the
-    # active summary was withheld after a redaction (invariant f), no summary so far and
-    # every archived message from the start, read again with their redactions.
+    # What the summarizer reads (``summary_source``).
     so_far: Summary | None = None
     source: list[Message] = field(default_factory=list)
 
@@ -93,14 +86,10 @@ def over_trigger(context: ActiveContext, policy: Policy) -> bool:
 def conversation_compact(
     *, conversation: Conversation, force: bool = False, dry_run: bool = False
 ) -> CompactionResult:
-    """Compact the conversation if its trigger is reached (or ``force``).
-
-    Returns what happened; ``reason`` says why nothing was done. Raises SummarizerError when
-    the summarizer fails: nothing changes then, the failure is recorded, and no retry is made.
-    Raises Conversation.DoesNotExist when the conversation is deleted meanwhile.
-    ``dry_run`` plans only: no lease, no LLM call, no write. ``conversation`` is brought up
-    to date with the row as the compaction left it.
-    """
+    """Compact the conversation if its trigger is reached (or ``force``); ``dry_run`` plans
+    only. Raises SummarizerError when the summarizer fails (recorded, nothing changed, no
+    retry), Conversation.DoesNotExist when the conversation is deleted meanwhile.
+    ``conversation`` is brought up to date."""
     run = _snapshot(conversation, force=force)
     if dry_run or not run.plan.compacts:
         return _planned_only(run, dry_run=dry_run)
@@ -120,9 +109,7 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
         summary_max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
         summary_overhead=summary_size("", conversation),
     )
-    plan = plan_compaction(
-        context.layout, context.body, policy=policy, force=force, sizing=sizing
-    )
+    plan = plan_compaction(context.layout, context.body, policy=policy, force=force, sizing=sizing)
     archive = plan.archive
     archived = [row for row in context.body_rows if archive and row.seq in archive]
     so_far, source = summary_source(context.summary, archived, db=db) if archived else (None, [])
@@ -141,10 +128,9 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
 def summary_source(
     previous: Summary | None, archived: list[Message], *, db: str
 ) -> tuple[Summary | None, list[Message]]:
-    """What a compaction's summarizer reads: ``previous`` as the summary so far and the
-    newly ``archived`` messages, unless ``previous`` covers a redacted message (its text was
-    withheld: nothing of it may be carried forward). Then the summary is written anew from
-    every archived message, as they are now, and the new ones."""
+    """What a compaction's summarizer reads: ``previous`` and the newly ``archived``
+    messages; or, when ``previous`` was withheld after a redaction (invariant f), no summary
+    so far and every archived message from the start, as they are now."""
     if previous is None or not previous.covers_redacted:
         return previous, archived
     earlier = Message.objects.using(db).filter(conversation_id=previous.conversation_id)
@@ -191,8 +177,7 @@ def _compact_leased(run: _Run) -> CompactionResult:
 
 
 def _read_after_commit(run: _Run) -> ActiveContext | None:
-    """The conversation and its context as the commit left them; None when they cannot be
-    read (logged): the compaction stands, and whoever asked is told it compacted."""
+    """The conversation and its context after the commit; None (logged) if unreadable."""
     conversation = run.conversation
     try:
         conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
@@ -224,9 +209,7 @@ def _replaced(run: _Run) -> int:
 
 
 def gain_check(written: Written, *, replaced_tokens: int) -> None:
-    """The one guard of every summary written: it must be smaller than what it replaces in
-    the context (a compaction: the archived messages and the old summary; a rebuild: every
-    message it stands for). Raises NoGain, which writes nothing."""
+    """Raise NoGain unless the summary is smaller than what it replaces in the context."""
     if written.token_count >= replaced_tokens:
         raise NoGain
 
@@ -239,9 +222,7 @@ def _commit(
     event = SummaryCommitted(facts=written.facts)
     hooks = concerned(run.conversation, event, db=run.db)
     with transaction.atomic(using=run.db):
-        # What the hooks lock (a subject's conversations, for its facts) first; else the
-        # row's own lock is all it takes.
-        held = commit_lock(run.conversation, hooks, event, db=run.db)
+        held = commit_lock(run.conversation, hooks, event, db=run.db)  # before the row's lock
         locked = _lock_snapshot(run, token)
         first = previous.from_seq if previous else archived[0].seq
         summary = summary_insert(
@@ -276,9 +257,8 @@ def _commit(
 
 
 def _lock_snapshot(run: _Run, token: str) -> Conversation:
-    """The conversation row, locked, if the snapshot still holds; raises _Conflict or
-    LeaseLost (or DoesNotExist when the conversation was deleted meanwhile)."""
-    # Filtered on the lease: a worker that took an abandoned lease over makes this one lose.
+    """The conversation row, locked (filtered on the lease), if the snapshot still holds;
+    raises _Conflict, LeaseLost or DoesNotExist."""
     locked = lease_lock(run.conversation, token, db=run.db)
     if not active_summary_is(locked, run.context.summary):
         raise _Conflict
@@ -310,9 +290,8 @@ def active_summary_is(locked: Conversation, expected: Summary | None) -> bool:
 
 
 def redactions_unchanged(locked: Conversation, rows: list[Message]) -> bool:
-    """Whether the messages ``rows`` (seq-ordered, not leading: every such message between
-    the first and the last) are redacted as they were read: none was redacted since. One
-    count; the caller holds the row lock, under which redactions happen."""
+    """Whether no message of ``rows`` (seq-ordered, every non-leading message between the
+    first and the last) was redacted since it was read; the caller holds the row lock."""
     if not rows:
         return True
     now = Message.objects.using(locked._state.db).filter(
@@ -335,10 +314,9 @@ def summary_insert(
     to_seq: int,
     origin: str = Summary.Origin.COMPACTION,
 ) -> Summary:
-    """Store ``written`` as the conversation's active summary, written from ``previous``
-    (deactivated; marked superseded when a rebuild replaces it), under the next free
-    version number: after a revert, versions above ``previous`` are taken by the reverted
-    ones. The caller holds the row lock."""
+    """Store ``written`` as the active summary in place of ``previous`` (superseded when a
+    rebuild replaces it), under the next free version number (a revert leaves versions
+    above ``previous`` taken). The caller holds the row lock."""
     db = locked._state.db
     if previous is not None:
         superseded = origin == Summary.Origin.REBUILD
@@ -366,11 +344,8 @@ def summary_insert(
 
 
 def _archive(locked: Conversation, summary: Summary, archived: list[Message]) -> None:
-    # One UPDATE for the whole range. Under the row lock nobody else can archive, so the
-    # range holds exactly the snapshot's messages unless the context changed meanwhile:
-    # then the count differs and everything rolls back. A message redacted since the
-    # snapshot is not matched either: the summary was written from its words (invariant f),
-    # and its token count changed.
+    # One UPDATE for the range, which matches exactly the snapshot's messages unless the
+    # context changed (or one was redacted: invariant f); then the count differs.
     was_redacted = [row.pk for row in archived if row.redacted_at is not None]
     as_read = Q(redacted_at__isnull=True)
     if was_redacted:
@@ -406,12 +381,16 @@ COMMIT_FIELDS = (
 def _move_counters(
     locked: Conversation, previous: Summary | None, summary: Summary, archived: list[Message]
 ) -> None:
-    """The new summary replaces the old one and the archived rows: counters (the facts
-    block's, counted by the merge), revision, and the lease released in the same write."""
+    """The new summary replaces the old one and the archived rows in the counters."""
     archived_tokens = sum(row.token_count for row in archived)
     old_summary_tokens = previous.token_count if previous else 0
     locked.active_message_count -= len(archived)
     locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
+    commit_save(locked)
+
+
+def commit_save(locked: Conversation) -> None:
+    """Save a commit's counters with ``revision`` moved and the lease released."""
     locked.revision += 1
     locked.lease_owner = ""
     locked.leased_at = None
@@ -484,8 +463,7 @@ def _skipped(
 
 
 def failure_log(error: BaseException) -> Callable[..., None]:
-    """How a failure is logged: a summarizer's failure or an interruption is an operational
-    event, a warning; anything else is a bug, with its traceback."""
+    """A warning for a summarizer's failure or an interruption; a traceback for a bug."""
     operational = isinstance(error, SummarizerError) or not isinstance(error, Exception)
     return logger.warning if operational else logger.exception
 

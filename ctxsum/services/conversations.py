@@ -36,8 +36,7 @@ SUBJECT_DOTS = _("Must not be “.” or “..”.")
 
 
 def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> None:
-    """Check a conversation's policy overrides against each other and the defaults; raise
-    ValidationError naming the field."""
+    """Check a conversation's policy overrides; raise ValidationError naming the field."""
     values = effective_policy(trigger=trigger, keep=keep, max_context_tokens=max_context_tokens)
     try:
         policy_rules.parse_policy(**values)
@@ -46,10 +45,7 @@ def policy_clean(*, trigger: Any, keep: Any, max_context_tokens: Any = None) -> 
 
 
 def subject_problem(subject: Any) -> str | None:
-    """Why ``subject`` cannot name a subject, or None. A subject is a name in the owner's
-    terms (a customer id, say) that appears in URLs as one path segment: up to 200
-    characters, no slash and no control character, no whitespace at either end, not ``.``
-    or ``..`` (which clients resolve away in a URL). Blank means no subject."""
+    """Why ``subject`` cannot name a subject (one URL path segment), or None."""
     if not isinstance(subject, str):
         return str(NOT_A_STRING)
     if problem := unstorable(subject):
@@ -66,8 +62,7 @@ def subject_problem(subject: Any) -> str | None:
 
 
 def fields_clean(**fields: Any) -> None:
-    """Check title, model, metadata and subject as the columns will take them; raise
-    ValidationError naming every bad field."""
+    """Check the fields as the columns take them; raise ValidationError naming each bad one."""
     errors: dict[str, list[str]] = {}
     for name, value in fields.items():
         if problem := unstorable(value):
@@ -92,8 +87,7 @@ def _max_length(name: str) -> int:
 
 
 def _copy(value: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A deep copy of a checked JSON object argument (None stays None): what is stored and
-    what the returned instance holds never share a dict with the caller."""
+    """A deep copy of a checked JSON object: the caller's dicts are never shared."""
     return None if value is None else copy.deepcopy(dict(value))
 
 
@@ -118,11 +112,8 @@ def conversation_create(
     max_context_tokens: int | None = None,
     messages: Sequence[Any] | None = None,
 ) -> Conversation:
-    """Create a conversation, with its system prompt and first messages if given, in one
-    transaction: all or nothing. A ``subject`` shows the owner's facts of that subject in
-    its context from the start. With AUTO_COMPACT, first messages that reach the trigger
-    are compacted as after any append (a task enqueued once the creation commits); a
-    compaction's failure never undoes the creation."""
+    """Create a conversation, with its system prompt and first messages if given, all or
+    nothing; first messages are compacted as after any append."""
     fields_clean(
         title=title, model=model, metadata={} if metadata is None else metadata, subject=subject
     )
@@ -133,7 +124,6 @@ def conversation_create(
         if isinstance(first, Mapping) and first.get("role") == "system":
             raise ValidationError({"system": [str(SYSTEM_AND_LEADING)]})
         leading = messages_clean([_system_message(system)])
-    # Copies, checked first: a caller that changes its dicts afterwards changes nothing here.
     conversation = Conversation(
         owner=owner,
         title=title,
@@ -149,8 +139,7 @@ def conversation_create(
     counts = messages_count(conversation, leading + cleaned)
     db = write_db(conversation)
     schedule = Schedule.OFF
-    # A subject names facts an app shows (ctxsum.facts): it locks what it needs first and
-    # counts its block (toward the trigger, like any message) once the messages are in.
+    # The apps see a subject (ctxsum.facts counts its block once the messages are in).
     fields = frozenset({"subject"} if subject else ())
     named = ConversationChanged(given=fields, changed=fields)
     hooks = concerned(conversation, named, db=db)
@@ -160,17 +149,15 @@ def conversation_create(
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
         commit_apply(held, named, locked=conversation)
-        # First messages are an append too: AUTO_COMPACT applies once they have committed.
         if cleaned:
             schedule = autocompact_schedule(conversation)
     conversation_autocompact(conversation=conversation, schedule=schedule)
     return conversation
 
 
-def _replace_system(conversation: Conversation, system: str) -> bool:
-    """Retire the leading system message (it stays in the transcript, marked replaced) and
-    put a new one first in the context; the same text again changes nothing. The caller
-    holds the row lock. Returns whether the context changed (and revision moved)."""
+def _replace_system(conversation: Conversation, system: str) -> None:
+    """Retire the leading system message (marked replaced) and put a new one first; the
+    same text again changes nothing. The caller holds the row lock."""
     cleaned = messages_clean([_system_message(system)])
     counts = messages_count(conversation, cleaned)
     old = (
@@ -179,14 +166,13 @@ def _replace_system(conversation: Conversation, system: str) -> bool:
         .first()
     )
     if old is not None and old.role == "system" and old.content == system:
-        return False
+        return
     if old is not None:
         old.replaced_at = timezone.now()
         old.save(update_fields=["replaced_at"])
         conversation.active_message_count -= 1
         conversation.active_tokens -= old.token_count
     messages_insert(conversation, [], counts, leading=cleaned[0])
-    return True
 
 
 def conversation_update(
@@ -202,14 +188,8 @@ def conversation_update(
     max_context_tokens: int | Unset | None = UNSET,
 ) -> Conversation:
     """Change what is given: title, metadata, model, subject, policy overrides (None
-    resets one to the settings' default), or replace the system prompt. A new subject
-    (blank: none) changes which facts the context shows, a new model the encoding that
-    counts them: the facts block is recounted in the same transaction.
-
-    Bumps ``revision`` when anything changed and saves only the columns that changed; a
-    request that changes nothing writes nothing. ``conversation`` is brought up to date
-    and returned.
-    """
+    resets one to the settings' default), or replace the system prompt. Saves only the
+    columns that changed, bumping ``revision``; ``conversation`` is brought up to date."""
     given = {
         name: value
         for name, value in {
@@ -233,8 +213,7 @@ def conversation_update(
     event = ConversationChanged(given=frozenset(given))
     hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
-        # An app's locks first (ctxsum.facts: the owner's row, when the subject is given).
-        held = commit_lock(conversation, hooks, event, db=db)
+        held = commit_lock(conversation, hooks, event, db=db)  # before the row's lock
         locked = Conversation.objects.using(db).select_for_update().get(pk=conversation.pk)
         if any(name in given for name in POLICY_FIELDS):
             # Checked against the locked row: a concurrent change of another part of the
@@ -247,7 +226,6 @@ def conversation_update(
         # _replace_system and the hooks save the counters and move revision themselves.
         if system is not UNSET:
             _replace_system(locked, system)
-        # ctxsum.facts recounts the facts block when the subject or the model changed.
         commit_apply(
             held, ConversationChanged(given=event.given, changed=frozenset(changed)), locked=locked
         )
@@ -259,10 +237,8 @@ def conversation_update(
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
-    """Delete a conversation with its messages, summaries and attempts.
-
-    The row lock comes first: an append or a compaction commit in flight finishes before
-    the delete collects the rows, and any that comes after finds the conversation gone."""
+    """Delete a conversation with its messages, summaries and attempts, behind the row lock
+    (a commit in flight finishes first)."""
     db = write_db(conversation)
     with transaction.atomic(using=db):
         locked = Conversation.objects.using(db).select_for_update().filter(pk=conversation.pk)

@@ -3,10 +3,9 @@
     {"id": str, "source": str, "license": str, "valid": bool, "meta": {...},
      "messages": [OpenAI chat messages], "title": str (optional)}
 
-Plain or gzip-compressed. Each record goes through ``conversation_create``, which validates
-and stores it all or nothing; a rejected record changes nothing and is counted with its
-reason. A record whose ``id`` the owner already imported is skipped, so a re-run only adds
-what is new. The ``ctxsum_import`` command is a thin layer over ``file_import``.
+Plain or gzip-compressed. Each record is stored all or nothing by ``conversation_create``;
+a rejected one is counted with its reason, one whose ``id`` the owner already imported is
+skipped, so a re-run only adds what is new.
 """
 
 from __future__ import annotations
@@ -32,9 +31,8 @@ TITLE_CHARS = 80
 META_VALUE_BYTES = 200
 REASONS_SHOWN = 5
 REASON_CHARS = 300
-# Lines committed together. Each conversation stays all or nothing on its own (the service's
-# transaction becomes a savepoint); committing in chunks spares one disk sync per
-# conversation, and an interrupted run loses only its last chunk, which a re-run imports.
+# Lines committed together (each conversation in a savepoint): one disk sync per chunk, and
+# an interrupted run loses only its last chunk, which a re-run imports.
 CHUNK_LINES = 200
 
 NOT_AN_OBJECT = "not a JSON object"
@@ -56,14 +54,8 @@ def record_title(record: Mapping[str, Any]) -> str:
             continue
         content = message.get("content")
         if isinstance(content, list):
-            content = next(
-                (
-                    part.get("text")
-                    for part in content
-                    if isinstance(part, Mapping) and part.get("type") == "text"
-                ),
-                None,
-            )
+            parts = [part for part in content if isinstance(part, Mapping)]
+            content = next((part.get("text") for part in parts if part.get("type") == "text"), None)
         if isinstance(content, str) and content.strip():
             text = " ".join(content.split())
             return text if len(text) <= TITLE_CHARS else text[: TITLE_CHARS - 1] + "…"
@@ -169,13 +161,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
 def _chunks(
     lines: Iterator[tuple[int, bytes, int]], size: int
 ) -> Iterator[list[tuple[int, bytes, int]]]:
-    chunk: list[tuple[int, bytes, int]] = []
-    for item in lines:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
+    while chunk := list(islice(lines, size)):
         yield chunk
 
 
@@ -187,12 +173,9 @@ def file_import(
     limit: int | None = None,
     progress: Callable[[int, Tally], None] | None = None,
 ) -> Tally:
-    """Import the records of one file for ``owner``, skipping ids in ``seen`` (which grows).
-
-    Raises OSError or EOFError for a file that cannot be read to the end (truncated or
-    corrupt gzip): the chunks before it stay imported, and a re-run skips them.
-    ``progress(bytes_read, tally)`` is called after every line.
-    """
+    """Import the records of one file for ``owner``, skipping ids in ``seen`` (which grows);
+    ``progress(bytes_read, tally)`` after every line. Raises OSError or EOFError for a file
+    that cannot be read to the end: the chunks before it stay imported."""
     tally = Tally()
     for chunk in _chunks(islice(_lines(path), limit), CHUNK_LINES):
         with transaction.atomic():

@@ -1,13 +1,8 @@
 """Inserting the rows of an append: ``bulk_create`` without its per-call machinery (a query
-object, its compiler, the statement composed anew for every call), which is about half of
-``bulk_create``'s time for a one-row INSERT on SQLite, and a third on PostgreSQL.
-
-A model's statement is composed once per database vendor; a batch joins one group of
-placeholders per row. Values are prepared by the fields, as ``bulk_create`` prepares them
-(``pre_save`` for an addition, then ``get_db_prep_save``; None, which every field leaves as
-it is, skips the field), batches are as large as the backend allows (``bulk_batch_size``),
-and the primary keys come back with RETURNING in the order of the rows, which
-``bulk_create`` relies on as well (PostgreSQL, SQLite from 3.35).
+object, its compiler, the statement composed anew), about half of its time for a one-row
+INSERT on SQLite and a third on PostgreSQL. The statement is composed once per vendor;
+values are prepared as ``bulk_create`` prepares them, and the primary keys come back with
+RETURNING in the order of the rows, as ``bulk_create`` relies on too.
 """
 
 from __future__ import annotations
@@ -33,8 +28,7 @@ _STATEMENTS: dict[tuple[str, str], _Statement] = {}
 
 
 def rows_insert(rows: Sequence[Model], *, db: str) -> None:
-    """Insert ``rows``, new instances of one model with an automatic primary key, into
-    ``db``, and set their primary keys: what ``bulk_create(rows)`` does."""
+    """What ``bulk_create(rows)`` does, for new rows of one model with an auto primary key."""
     if not rows:
         return
     model = type(rows[0])
@@ -55,8 +49,7 @@ def rows_insert(rows: Sequence[Model], *, db: str) -> None:
 
 
 def insert_fields(model: type[Model]) -> list[Field[Any, Any]]:
-    """The columns ``rows_insert`` writes: every concrete field but the automatic primary
-    key, in the model's order."""
+    """Every concrete field but the automatic primary key, in the model's order."""
     meta = model._meta
     assert meta.auto_field is not None, f"{meta.label} has no automatic primary key"
     return [field for field in meta.concrete_fields if field is not meta.auto_field]

@@ -1,10 +1,6 @@
-"""The compaction lease: which worker may summarize a conversation now.
-
-A ``RowLease`` (services/row_lease.py) on the conversation's ``lease_owner`` and
-``leased_at``: taken by one conditional UPDATE, renewed before every summarizer call,
-released by the commit or on failure, taken over by the next compaction once abandoned
-(older than ``lease_seconds()``). ``leased`` is the frame a compaction, a rebuild and a
-revert run in: take, give back.
+"""The compaction lease: which worker may summarize a conversation now. A ``RowLease`` on
+the conversation's ``lease_owner`` and ``leased_at``; ``leased`` is the frame a compaction,
+a rebuild and a revert run in.
 """
 
 from __future__ import annotations
@@ -26,9 +22,7 @@ LEASE_GRACE_SECONDS = 5
 
 
 class WriteNothing(Exception):
-    """The leased work must write nothing (a conflict, no gain), which is not a failure:
-    ``leased`` gives the lease back and lets the exception through to say why, as it does
-    LeaseLost."""
+    """The leased work must write nothing (a conflict, no gain), which is not a failure."""
 
 
 def lease_seconds() -> float:
@@ -39,7 +33,6 @@ def lease_seconds() -> float:
 LEASE = RowLease(
     model=Conversation, owner="lease_owner", since="leased_at", stale_after=lease_seconds
 )
-# The lease's methods under the names compactions call them by: (conversation, [token,] *, db).
 lease_take, lease_renew, lease_lock = LEASE.take, LEASE.renew, LEASE.lock
 lease_release, lease_expires = LEASE.release, LEASE.expires
 
@@ -51,20 +44,9 @@ def leased(
     db: str,
     failed: Callable[[BaseException], None] | None = None,
 ) -> Iterator[str | None]:
-    """Take the conversation's lease for the body: yields its token, or None (nothing
-    taken) while another worker holds a live lease. Raises Conversation.DoesNotExist when
-    the conversation is gone.
-
-    A body that ends without raising leaves the lease as its commit left it: released in
-    the same write. One that raises gives the lease up and tells ``failed`` of the error
-    (unless it is WriteNothing or LeaseLost: a conflict, no gain), then the error goes on.
-    So does one stopped by what is not an ``Exception`` (KeyboardInterrupt, SystemExit, a
-    worker's timeout, a cancellation: ``failed`` records it as ``interrupted``), which must
-    go on as it came: a release or a record that fails then (the database went away with
-    the worker) is logged, never raised in its place. An error taking the lease, or
-    Conversation.DoesNotExist from the body (deleted meanwhile), goes on untouched: nothing
-    to release, nothing to record.
-    """
+    """Take the conversation's lease for the body: yields its token, or None while another
+    worker holds a live lease. A body that raises gives the lease up and, unless it is
+    WriteNothing or LeaseLost, tells ``failed`` of the error (an interruption too)."""
     token = lease_take(conversation, db=db)
     if token is None:
         yield None
@@ -94,9 +76,8 @@ def _interrupted(
     failed: Callable[[BaseException], None] | None,
     interruption: BaseException,
 ) -> None:
-    """Release the lease and record ``interruption``, neither of which may replace it: a
-    SystemExit turned into a DatabaseError would keep a worker that was told to stop
-    running. What fails is logged; a lease left held frees once abandoned."""
+    """Release the lease and record ``interruption``, neither of which may replace it (a
+    worker told to stop must stop): what fails is logged."""
     name = type(interruption).__name__
     try:
         lease_release(conversation, token, db=db)

@@ -1,12 +1,9 @@
 """Appending messages: validated and counted outside the transaction, stored inside one that
 locks the conversation row to hand out gapless ``seq`` numbers and keep the counters exact.
 
-``message_append`` locks the row with the UPDATE that moves its counters (``append_claim``),
-then checks tool results and inserts the rows under that lock; ``_append`` alone chooses
-that or, on PostgreSQL, the same as one statement. Writers that hold the row already store
-through ``messages_insert``, which saves the counters after the rows: a chat turn's commit
-and a new system prompt, under the row lock they took for their own checks, and a new
-conversation's first messages, in the transaction that inserts the conversation."""
+``message_append`` locks the row with the UPDATE that moves its counters (``append_claim``);
+``_append`` alone chooses that or, on PostgreSQL, the same as one statement. Writers that
+hold the row already store through ``messages_insert``."""
 
 from __future__ import annotations
 
@@ -63,8 +60,7 @@ COUNTER_FIELDS = (
 
 
 def messages_clean(messages: Any) -> list[dict[str, Any]]:
-    """Validate a batch; raise ValidationError({"messages": [per-message errors]}) naming
-    every bad field, or TooLarge."""
+    """Validate a batch; raise ValidationError naming every bad field, or TooLarge."""
     if not isinstance(messages, list | tuple):
         raise ValidationError({"messages": [str(BATCH_TYPE)]})
     if not messages:
@@ -87,11 +83,8 @@ def messages_clean(messages: Any) -> list[dict[str, Any]]:
 
 def tool_results_check(conversation: Conversation, cleaned: Batch) -> None:
     """Raise MessagesInvalid for a tool result that answers no earlier tool call of the
-    conversation, a call whose request a summary has archived (the result would stand in the
-    context without it, which model APIs reject), or a call that has its result already.
-
-    A result answers the nearest earlier request with its id: the batch's own first, then,
-    with one indexed query, the newest stored one."""
+    conversation (the nearest with its id), one whose request a summary archived (model APIs
+    reject a result without its request), or one that has its result already."""
     errors: list[dict[str, list[str]]] = [{} for _ in cleaned]
     answered: dict[str, bool] = {}  # calls requested in the batch: answered yet?
     wanted: dict[int, str] = {}  # results for stored requests
@@ -160,24 +153,22 @@ def message_rows(
     conversation: Conversation, cleaned: Batch, counts: Sequence[int], *, first_seq: int
 ) -> list[Message]:
     """Unsaved Message rows for ``cleaned``, numbered from ``first_seq``."""
-    rows = []
-    for offset, (message, token_count) in enumerate(zip(cleaned, counts, strict=True)):
-        seq = first_seq + offset
-        rows.append(
-            Message(
-                conversation=conversation,
-                seq=seq,
-                role=message["role"],
-                content=message["content"],
-                name=message.get("name", ""),
-                tool_calls=message.get("tool_calls"),
-                tool_call_id=message.get("tool_call_id", ""),
-                extra={key: message[key] for key in EXTRA_FIELDS if key in message},
-                token_count=token_count,
-                is_leading=seq == 0 and message["role"] in LEADING_ROLES,
-            )
+    numbered = enumerate(zip(cleaned, counts, strict=True), start=first_seq)
+    return [
+        Message(
+            conversation=conversation,
+            seq=seq,
+            role=message["role"],
+            content=message["content"],
+            name=message.get("name", ""),
+            tool_calls=message.get("tool_calls"),
+            tool_call_id=message.get("tool_call_id", ""),
+            extra={key: message[key] for key in EXTRA_FIELDS if key in message},
+            token_count=token_count,
+            is_leading=seq == 0 and message["role"] in LEADING_ROLES,
         )
-    return rows
+        for seq, (message, token_count) in numbered
+    ]
 
 
 def messages_insert(
@@ -195,11 +186,6 @@ def messages_insert(
     rows = message_rows(conversation, batch, counts, first_seq=conversation.next_seq)
     if leading is not None:
         rows[0].is_leading = True
-    return messages_store(conversation, rows)
-
-
-def messages_store(conversation: Conversation, rows: list[Message]) -> list[Message]:
-    """Insert ``rows`` and move the counters of ``conversation``, which the caller has locked."""
     _rows_insert(rows, db=conversation._state.db or write_db(conversation))
     conversation.next_seq += len(rows)
     conversation.message_count += len(rows)
@@ -229,8 +215,7 @@ def _rows_insert(rows: list[Message], *, db: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Appended:
-    """What an append stored, and what the automatic compaction after it did or will do
-    (None when AUTO_COMPACT is off)."""
+    """What an append stored, and what the automatic compaction after it did or will do."""
 
     messages: list[Message]
     compaction: AutoCompaction | None = None
@@ -239,17 +224,10 @@ class Appended:
 def message_append(
     *, conversation: Conversation, messages: Sequence[Any], idempotency: Claim | None = None
 ) -> Appended:
-    """Append one or many messages, all or none. With AUTO_COMPACT on, an append that
-    reaches the trigger enqueues a compaction task once it commits (``compaction.reason``
-    ``queued``); one that leaves the context over MAX_CONTEXT_TOKENS is compacted right
-    after its commit, in this process.
-
-    Raises ValidationError naming every bad field, or TooLarge; nothing is stored then. A
-    failed automatic compaction never undoes the append: it is reported in the result.
-    ``conversation`` is brought up to date with the row as the append (and the compaction
-    after it) left it. With ``idempotency`` (an Idempotency-Key's claim), the claim is marked
-    applied in the append's own transaction: a retry with that key never appends again.
-    """
+    """Append one or many messages, all or none, then the automatic compaction (its outcome
+    in the result; a failed one never undoes the append). Raises ValidationError naming
+    every bad field, or TooLarge. ``idempotency`` (an Idempotency-Key's claim) is marked
+    applied in the append's transaction. ``conversation`` is brought up to date."""
     cleaned = messages_clean(messages)
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
@@ -262,12 +240,9 @@ def message_append(
 def _append(
     conversation: Conversation, cleaned: Batch, counts: Sequence[int], *, db: str, key: Claim | None
 ) -> Stored:
-    """Claim the conversation row and store ``cleaned``, all or none. The one place that
-    chooses the path: on PostgreSQL, an append with nothing to check under the row lock (no
-    tool result, no Idempotency-Key ``key`` to mark) whose first message cannot be the
-    leading one (so ``is_leading`` is false for every row, whatever seqs the claim gives
-    them) is one statement (``append_claim_insert``); any other, a transaction. Both store
-    the same rows."""
+    """Claim the conversation row and store ``cleaned``, all or none. On PostgreSQL, an
+    append with nothing to check under the row lock (no tool result, no ``key``) whose
+    first message cannot be leading is one statement; any other, a transaction."""
     if (
         key is None
         and connections[db].vendor == "postgresql"
@@ -285,9 +260,7 @@ def _in_transaction(
 ) -> Stored:
     """The claim, then the checks under its row lock, then the INSERTs, in a transaction."""
     with transaction.atomic(using=db):
-        # The counters move first, with the row lock; a refusal rolls them back with the
-        # rest of the transaction.
-        count = len(cleaned)
+        count = len(cleaned)  # the counters move first, with the row lock
         locked = append_claim(pk=conversation.pk, db=db, count=count, tokens=sum(counts))
         key_applied(key)
         tool_results_check(locked, cleaned)
@@ -297,8 +270,7 @@ def _in_transaction(
 
 
 def _appended(locked: Conversation, rows: list[Message], *, db: str) -> Schedule:
-    """After the rows are stored (in the append's transaction, or by its one statement):
-    ``messages_appended`` sent once they commit, and what follows the append."""
+    """``messages_appended`` sent once the rows commit, and what follows the append."""
     send = partial(messages_appended.send, sender=Conversation, conversation=locked, messages=rows)
     after_commit(send, using=db, what=f"messages_appended of conversation {locked.pk}")
     return autocompact_schedule(locked)

@@ -1,13 +1,7 @@
-"""Rebuilding a stale summary: written anew from the archived originals under the current
-prompt.
-
-A summary is stale when the prompt that wrote it is not the current one (its version or its
-text changed) or when a message it covers was redacted (its text is withheld then). A
-compaction would fold a stale text into the next summary as if it were current; a rebuild
-instead summarizes every archived message again, chunked like any compaction, under the
-same lease, the same no-gain guard and the same compare-and-commit (docs/architecture.md).
-The version it replaces is kept, marked superseded; the archived messages stay as they are,
-and the new version covers the same range.
+"""Rebuilding a stale summary (another prompt wrote it, or a message it covers was
+redacted): every archived message summarized again under the current prompt, with a
+compaction's lease, no-gain guard and compare-and-commit (docs/architecture.md). The version
+it replaces is kept, marked superseded; the new one covers the same range.
 """
 
 from __future__ import annotations
@@ -15,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 from django.db import DatabaseError, transaction
 
@@ -25,10 +20,10 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, failure_reason, summary_budget
 from ctxsum.selectors import conversation_policy
 from ctxsum.services.compaction import (
-    COMMIT_FIELDS,
     NoGain,
     active_summary_is,
     attempt_record,
+    commit_save,
     failure_log,
     gain_check,
     redactions_unchanged,
@@ -54,15 +49,8 @@ class Rebuilt:
 
 def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
     """Write the conversation's active summary anew from every archived message, under the
-    current prompt, at most as long as the summary it replaces (a withheld one: as long as
-    a compaction's summary may be, within the ceiling).
-
-    ``nothing_to_summarize`` when the conversation has no summary, ``in_progress`` when
-    another worker holds the lease, ``conflict`` when a compaction changed the summary, or
-    a message it read was redacted, meanwhile, ``no_gain`` (recorded) when the new summary
-    is not smaller than the messages it stands for. A summarizer failure changes nothing,
-    is recorded and raised, like a compaction's. ``conversation`` is brought up to date.
-    """
+    current prompt (``_budget`` says how long). A summarizer failure changes nothing, is
+    recorded and raised, like a compaction's. ``conversation`` is brought up to date."""
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     previous = Summary.objects.using(db).filter(conversation=conversation, active=True).first()
@@ -77,7 +65,9 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
     except LeaseLost:
         return Rebuilt(rebuilt=False, reason=Reason.CONFLICT, replaced=previous)
     except NoGain:
-        _record_no_gain(conversation, previous, db=db)
+        # ``summary``: the version it could not rebuild with a gain (rebuild_gave_no_gain).
+        outcome, reason = Outcome.SKIPPED, Reason.NO_GAIN
+        _record(conversation, previous, db=db, outcome=outcome, reason=reason, summary=previous)
         return Rebuilt(rebuilt=False, reason=Reason.NO_GAIN, replaced=previous)
     try:
         conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
@@ -95,7 +85,6 @@ def _rebuild_leased(
         .order_by("seq")
     )
     stands_for = sum(row.token_count for row in archived)
-    # Outside every transaction, like a compaction's summarizer call.
     written = summary_write(
         conversation,
         None,
@@ -103,17 +92,14 @@ def _rebuild_leased(
         budget=_budget(conversation, previous, stands_for),
         before_call=partial(lease_renew, conversation, token, db=db),
     )
-    # The compaction's guard: smaller than the messages it stands for.
     gain_check(written, replaced_tokens=stands_for)
     checked = summary_coverage(None, archived, written.text)
     return _commit(conversation, previous, written, checked, token, archived=archived, db=db)
 
 
 def _budget(conversation: Conversation, previous: Summary, stands_for: int) -> int:
-    """The rebuilt summary's length budget: no longer than the summary it replaces, so the
-    context does not grow; or, for a summary withheld after a redaction (its text is a
-    short notice now), what a summary of the archived messages may take, within the
-    conversation's ceiling."""
+    """The rebuilt summary's length budget: no longer than the summary it replaces; for a
+    withheld one (a short notice now), what a compaction's may take, within the ceiling."""
     budget = summary_budget(
         previous_tokens=0,
         archived_tokens=stands_for,
@@ -142,12 +128,9 @@ def _commit(
     event = SummaryCommitted(facts=written.facts)
     hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
-        # What the hooks lock (a subject's conversations, for its facts) first; else the
-        # row's own lock is all it takes.
-        held = commit_lock(conversation, hooks, event, db=db)
+        held = commit_lock(conversation, hooks, event, db=db)  # before the row's lock
         locked = lease_lock(conversation, token, db=db)
-        # A compaction committed meanwhile, or a message it read was redacted since
-        # (invariant f): this rebuild is out of date.
+        # A compaction or a redaction (invariant f) since: this rebuild is out of date.
         if not active_summary_is(locked, previous) or not redactions_unchanged(locked, archived):
             raise LeaseLost
         summary = summary_insert(
@@ -164,9 +147,7 @@ def _commit(
         room = max(previous.token_count - summary.token_count, 0)
         commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
         locked.active_tokens += summary.token_count - previous.token_count
-        locked.revision += 1
-        locked.lease_owner, locked.leased_at = "", None
-        locked.save(update_fields=COMMIT_FIELDS)  # what a compaction's commit moves
+        commit_save(locked)
         CompactionAttempt.objects.using(db).create(
             conversation=locked,
             outcome=Outcome.COMPACTED,
@@ -180,16 +161,10 @@ def _commit(
     return summary
 
 
-def _record_no_gain(conversation: Conversation, previous: Summary, *, db: str) -> None:
-    # ``summary``: the version it could not rebuild with a gain (rebuild_gave_no_gain).
+def _record(conversation: Conversation, previous: Summary, *, db: str, **fields: Any) -> None:
+    """An attempt on the range of ``previous`` that changed nothing."""
     attempt_record(
-        conversation,
-        db=db,
-        outcome=Outcome.SKIPPED,
-        reason=Reason.NO_GAIN,
-        summary=previous,
-        from_seq=previous.from_seq,
-        to_seq=previous.to_seq,
+        conversation, db=db, from_seq=previous.from_seq, to_seq=previous.to_seq, **fields
     )
 
 
@@ -206,12 +181,6 @@ def _failed(
     conversation: Conversation, previous: Summary, error: BaseException, *, db: str
 ) -> None:
     failure_log(error)("Rebuild of conversation %s's summary failed: %s", conversation.pk, error)
-    attempt_record(
-        conversation,
-        db=db,
-        outcome=Outcome.FAILED,
-        reason=failure_reason(error),
-        error=f"{type(error).__name__}: {error}",
-        from_seq=previous.from_seq,
-        to_seq=previous.to_seq,
-    )
+    detail = f"{type(error).__name__}: {error}"
+    outcome, reason = Outcome.FAILED, failure_reason(error)
+    _record(conversation, previous, db=db, outcome=outcome, reason=reason, error=detail)

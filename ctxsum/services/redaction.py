@@ -1,16 +1,11 @@
 """Redacting a message: its words are erased, its place in the conversation is not.
 
-The content becomes the redaction marker, a tool call keeps its id and name but loses its
-arguments, the provider extras are dropped; ``seq`` stays, tokens and counters are
-recounted. Every summary version covering the message (summaries are cumulative: the ones
-written from a version that covered it cover it too) is withheld in the same transaction:
-its text becomes a short notice, it is marked ``covers_redacted`` (stale), and, when it is
-the active one, the context shows the notice at once, smaller than the summary was. A
-rebuild from the redacted originals is enqueued when the redaction commits
-(services/rebuild.py); a compaction or rebuild that read the message before it was redacted
-cannot commit (invariant f, docs/architecture.md). What the key facts hold of the message
-goes too (ctxsum.facts.merge): the model's facts taken from it, their values before in
-the record a revert restores from, the proposals of the versions covering it.
+The content becomes the redaction marker, a tool call loses its arguments, the provider
+extras are dropped; tokens and counters are recounted. Every summary version covering the
+message is withheld in the same transaction (a short notice, marked ``covers_redacted``)
+and rebuilt once the redaction commits; a compaction or rebuild that read the message
+before cannot commit (invariant f, docs/architecture.md). The commit hooks take back what
+the apps derived from it (the key facts).
 """
 
 from __future__ import annotations
@@ -55,18 +50,12 @@ def redacted(message: Message) -> dict[str, Any]:
 
 
 def message_redact(*, conversation: Conversation, seq: int) -> Message:
-    """Redact the message at ``seq``; redacting it again changes nothing.
-
-    Raises Message.DoesNotExist when the conversation has no such message, and
-    Conversation.DoesNotExist when the conversation is gone. ``conversation`` is brought up
-    to date.
-    """
+    """Redact the message at ``seq``; redacting it again changes nothing. Raises
+    Message.DoesNotExist or Conversation.DoesNotExist. ``conversation`` is brought up to
+    date."""
     db = write_db(conversation)
-    # Planned from the row, not the caller's instance (its subject says which conversations
-    # the facts hook locks). Asked without a lock: only a commit of this conversation (which
-    # its row lock orders) makes facts cite one of its messages, and a hook concerned
-    # meanwhile, or a subject changed meanwhile, is found under the lock: then it starts
-    # over, those hooks locking first.
+    # The hooks are asked without a lock, from the row; one concerned meanwhile is found
+    # under the lock, and the commit starts over with it locking first.
     event = MessageRedacted(seq=seq)
     hooks: frozenset[str] = frozenset()
     while True:
@@ -84,9 +73,7 @@ def _commit(
     row: Conversation, event: MessageRedacted, *, db: str, hooks: frozenset[str]
 ) -> tuple[Conversation, Message]:
     with transaction.atomic(using=db):
-        # What the hooks lock (a subject's conversations, for facts citing the message)
-        # first; else the row's own lock is all it takes.
-        held = commit_lock(row, hooks, event, db=db)
+        held = commit_lock(row, hooks, event, db=db)  # before the row's lock
         locked = Conversation.objects.using(db).select_for_update().get(pk=row.pk)
         message = Message.objects.using(db).get(conversation=locked, seq=event.seq)
         if message.redacted_at is None:
@@ -118,10 +105,9 @@ def _redact(locked: Conversation, message: Message) -> None:
 
 
 def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:
-    """Withhold the text of every version in ``covering``: the notice in its place (a
-    shorter one if a version's summary message was shorter, so the context never grows),
-    its coverage check and skipped facts' reasons gone (they quote the messages). Returns
-    how many tokens the active summary's message changed."""
+    """Withhold the text of every version in ``covering`` (a notice no longer than the
+    shortest, and no coverage or skipped facts, which quote the messages); returns how many
+    tokens the active summary's message changed."""
     versions = list(covering.values_list("pk", "active", "token_count"))
     if not versions:
         return 0

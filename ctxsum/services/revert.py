@@ -1,17 +1,10 @@
 """Undoing a compaction: the active summary is reverted, and the context is what it was
 before that summary was written, plus whatever was appended since.
 
-The version it extended (or none) is the active summary again; the messages it archived
-are active again, whole tool rounds as they were archived; the counters and ``revision``
-move; the reverted version stays in the history, marked ``reverted``, and archives
-nothing; the key facts it wrote are undone (ctxsum.facts.merge). Reverting a rebuild
-makes the version it superseded active again and restores no message (a rebuild archives
-none). Reverting again walks back one more version.
-
-No summarizer call, but the compaction's discipline all the same (docs/architecture.md,
-"Undo a compaction"): read what is active without a lock, take the compaction lease, then
-in one transaction lock the row filtered on the lease, check that the summary being
-reverted is still the active one, write, and release the lease in the same write.
+The version it extended (or none) is active again, and so are the messages it archived;
+the reverted version stays in the history, marked ``reverted``; the key facts it wrote are
+undone (through the commit hooks). No summarizer call, but the compaction's lease and
+compare-and-commit all the same (docs/architecture.md, "Undo a compaction").
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import SUMMARY_HEAVY
 from ctxsum.services.autocompact import withheld_rebuild
-from ctxsum.services.compaction import COMMIT_FIELDS, active_summary_is
+from ctxsum.services.compaction import active_summary_is, commit_save
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
 from ctxsum.services.transactions import after_commit, write_db
 from ctxsum.signals import summary_reverted
@@ -47,12 +40,8 @@ class _Conflict(WriteNothing):
 
 @dataclass(frozen=True, kw_only=True)
 class Reverted:
-    """What a revert did; ``reason`` says why when nothing was reverted.
-
-    ``reverted_summary`` is the version asked for; ``summary`` the one active afterwards
-    (None when the reverted version was the first, or when nothing was reverted);
-    ``restored`` the messages that are active again, by seq.
-    """
+    """What a revert did; ``reason`` says why when nothing was reverted. ``summary``: the
+    version active afterwards; ``restored``: the messages active again, by seq."""
 
     reverted: bool
     reason: Reason
@@ -63,15 +52,9 @@ class Reverted:
 
 
 def conversation_revert(*, conversation: Conversation, version: int) -> Reverted:
-    """Revert summary ``version``, which must be the conversation's active summary.
-
-    Raises Summary.DoesNotExist when the conversation has no such version, and a
-    ValidationError naming ``version`` when it is not the active one. ``in_progress`` when
-    another worker holds the compaction lease, ``conflict`` when a compaction (or another
-    revert) changed the active summary between the read and the commit: nothing is written
-    then. Raises Conversation.DoesNotExist when the conversation is gone.
-    ``conversation`` is brought up to date.
-    """
+    """Revert summary ``version``, which must be the conversation's active summary (else a
+    ValidationError naming ``version``). Raises Summary.DoesNotExist or
+    Conversation.DoesNotExist. ``conversation`` is brought up to date."""
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     summaries = Summary.objects.using(db).filter(conversation=conversation)
@@ -101,14 +84,12 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
 
 
 def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summary | None]:
-    """Under the row lock and the lease: the messages ``target`` archived active again, and
-    the version it was written from active again (None: there is none), read now: a
-    redaction may have withheld it since ``target`` was read."""
+    """Under the row lock and the lease: the messages ``target`` archived, and the version
+    it was written from (None: none; read now, a redaction may have withheld it), active
+    again."""
     db = locked._state.db
     archived = Message.objects.using(db).filter(conversation=locked, summary=target)
     restored = list(archived.order_by("seq"))
-    # Inside the transaction under the row lock and the lease, nobody else archives or
-    # restores: the rows read are the rows updated.
     archived.update(summary=None)
     for row in restored:
         row.summary = None
@@ -128,15 +109,11 @@ def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summ
 def _commit(
     conversation: Conversation, target: Summary, token: str, *, db: str
 ) -> tuple[Conversation, list[Message], CompactionAttempt]:
-    """Revert ``target`` if it is still the active summary; the row as it was left, the
-    messages restored, and the attempt recorded."""
+    """Revert ``target`` if it is still the active summary."""
     event = SummaryReverted(target=target)
-    hooks = concerned(conversation, event, db=db)  # a version's facts: written by its commit
+    hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
-        # What the hooks lock (a subject's conversations, for the facts the version wrote)
-        # first; else the row's own lock is all it takes.
-        held = commit_lock(conversation, hooks, event, db=db)
-        # Filtered on the lease: a worker that took an abandoned lease over makes this lose.
+        held = commit_lock(conversation, hooks, event, db=db)  # before the row's lock
         locked = lease_lock(conversation, token, db=db)
         if not active_summary_is(locked, target):
             raise _Conflict
@@ -147,11 +124,8 @@ def _commit(
         locked.active_tokens += (
             restored_tokens - target.token_count + (previous.token_count if previous else 0)
         )
-        # The facts the version wrote go with it, unless a person took them over since.
         commit_apply(held, event, locked=locked)
-        locked.revision += 1
-        locked.lease_owner, locked.leased_at = "", None
-        locked.save(update_fields=COMMIT_FIELDS)  # what a compaction's commit moves
+        commit_save(locked)
         attempt = CompactionAttempt.objects.using(db).create(
             conversation=locked,
             outcome=Outcome.REVERTED,

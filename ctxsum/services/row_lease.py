@@ -1,8 +1,7 @@
 """A lease on a row that outlives a transaction: who may do the slow work (a model call)
-between a short claim and its commit. Every write is a conditional UPDATE, so the row count
-says who won, and none waits. A lease not renewed for ``stale_after()`` seconds (its holder
-died) is taken over by the next taker; its former holder then finds it lost (``LeaseLost``)
-on renewal or at its commit's lock. Queryset updates leave ``updated_at`` alone.
+between a short claim and its commit. Every write is a conditional UPDATE (the row count
+says who won); a lease not renewed for ``stale_after()`` seconds is taken over, and its
+former holder finds it lost (``LeaseLost``).
 """
 
 from __future__ import annotations
@@ -22,15 +21,13 @@ M = TypeVar("M", bound=Model)
 
 
 class LeaseLost(CtxsumError):
-    """Another holder took the lease over, or it is gone: what this one was writing must
-    not be committed."""
+    """Another holder took the lease over, or it is gone: write nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RowLease(Generic[M]):
     """A lease in ``model``'s fields ``owner`` (the holder's token, "" when free) and
-    ``since`` (when taken or last renewed), abandoned ``stale_after()`` seconds later (read
-    on each use: settings change). ``row`` is a row or its pk, ``db`` its database."""
+    ``since`` (when taken or last renewed). ``row`` is a row or its pk."""
 
     model: type[M]
     owner: str
@@ -49,9 +46,8 @@ class RowLease(Generic[M]):
     def take(
         self, row: Any, *, db: str, now: datetime | None = None, where: Q | None = None, **also: Any
     ) -> str | None:
-        """Take the lease if it is free or abandoned (and ``where`` holds), setting ``also``
-        in the same UPDATE: its token, or None when the row is held (or fails ``where``).
-        Raises the model's DoesNotExist when the row is gone."""
+        """The token of the lease taken if free or abandoned (and ``where`` holds), setting
+        ``also`` too; else None. Raises the model's DoesNotExist when the row is gone."""
         token, now, rows = uuid.uuid4().hex, now or timezone.now(), self._rows(row, db)
         claim = rows.filter(self.free(now))
         if claim.filter(where or Q()).update(**{self.owner: token, self.since: now}, **also):
@@ -74,9 +70,8 @@ class RowLease(Generic[M]):
         return bool(held.update(**{self.owner: "", self.since: None}, **also))
 
     def lock(self, row: Any, token: str, *, db: str) -> M:
-        """The row, locked for the commit, while ``token`` holds the lease (the lock is
-        filtered on it). Raises LeaseLost when another holder took it over, the model's
-        DoesNotExist when the row is gone. Call inside a transaction."""
+        """The row, locked (filtered on ``token``), for the commit; raises LeaseLost or the
+        model's DoesNotExist."""
         rows = self._rows(row, db)
         locked = rows.select_for_update().filter(**{self.owner: token}).first()
         if locked is None:

@@ -1,8 +1,5 @@
 """Writing a summary: what the summarizer is told, and how every archived message reaches it.
-
-No database writes here: the summarizer is called outside every transaction, and the
-compaction (services/compaction.py) commits what it wrote, with the key facts the same calls
-proposed (merged by ctxsum.facts.merge).
+No database writes: the compaction commits what it wrote.
 """
 
 from __future__ import annotations
@@ -46,8 +43,7 @@ class Written:
     input_tokens: int
     output_tokens: int
     latency_ms: int
-    # The key facts the calls proposed, checked against the archived messages' seqs, and
-    # why any were skipped (Summary.facts_skipped).
+    # The key facts the calls proposed, and why any were skipped (Summary.facts_skipped).
     facts: tuple[ProposedFact, ...] = ()
     facts_skipped: str = ""
 
@@ -58,16 +54,14 @@ def summary_model(conversation: Conversation) -> str:
 
 
 def summary_prompt(budget: int, facts_instruction: str = "") -> str:
-    """The instruction a summarizer call gets: PROMPT, what the backend needs to say about
-    key facts (``Summarizer.facts_instruction``), then this summary's length budget."""
+    """PROMPT, the backend's facts instruction, then this summary's length budget."""
     length = LENGTH_BUDGET.format(tokens=budget, words=budget * 3 // 4)
     parts = [ctxsum_settings.PROMPT, facts_instruction, length]
     return "\n\n".join(part for part in parts if part)
 
 
 def history_room(prompt: str, count: Callable[[str], int]) -> int:
-    """Tokens of formatted history one summarizer call can take beside ``prompt`` and the
-    answer."""
+    """Tokens of history one summarizer call can take beside ``prompt`` and the answer."""
     return ctxsum_settings.SUMMARY_INPUT_BUDGET - count(prompt) - ctxsum_settings.SUMMARY_MAX_TOKENS
 
 
@@ -84,9 +78,8 @@ def summary_write(
     budget: int,
     before_call: Callable[[], None],
 ) -> Written:
-    """The new summary from ``previous`` plus ``archived``, in as many calls as the
-    summarizer's input budget needs: every archived message reaches it. ``before_call`` runs
-    before every call but the first (the compaction renews its lease there)."""
+    """The new summary from ``previous`` plus ``archived``, in as many calls as the input
+    budget needs; ``before_call`` runs before every call but the first."""
     summarizer, model = get_summarizer(), summary_model(conversation)
     prompt = summary_prompt(budget, summarizer.facts_instruction())
 
@@ -134,8 +127,7 @@ def summary_write(
 
 
 def _reasons(per_call: list[list[str]]) -> list[str]:
-    """The reasons of every call: a reason every call gave once, the others with the call
-    they belong to."""
+    """The reasons of every call: one every call gave once, the others with their call."""
     if len(per_call) == 1:
         return per_call[0]
     shared = set.intersection(*(set(reasons) for reasons in per_call))
@@ -150,8 +142,7 @@ def _reasons(per_call: list[list[str]]) -> list[str]:
 
 
 def summary_coverage(previous: Summary | None, archived: Sequence[Message], text: str) -> Coverage:
-    """The coverage check of a new summary: the facts its previous version covered plus
-    those of the messages it newly archives, each present or missing in ``text``."""
+    """The coverage check of ``text``: the facts of ``previous`` and ``archived``."""
     facts = previous.coverage_facts if previous is not None else []
     known = [(fact["kind"], fact["text"]) for fact in facts or []]
     if previous is not None and previous.coverage_facts is None:

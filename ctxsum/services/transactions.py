@@ -1,9 +1,5 @@
-"""Which database ctxsum writes to.
-
-Every transaction of the services names its database the way the project's routers say
-(``router.db_for_write``), and every query inside it goes to that database: with ctxsum's
-models routed to a database of their own, a lock, the writes under it and the ``on_commit``
-hooks after them all happen there (docs/architecture.md, "Transactions").
+"""Which database ctxsum writes to (the routers' ``db_for_write``), and work after a commit
+(docs/architecture.md, "Transactions").
 """
 
 from __future__ import annotations
@@ -25,9 +21,8 @@ def write_db(conversation: Conversation | None = None) -> str:
 
 
 def after_commit(func: Callable[[], Any], *, using: str, what: str) -> None:
-    """Run ``func`` (a signal's send) once the transaction on ``using`` commits. What it
-    raises is logged with ``what`` it was, never raised: the write committed, and whoever
-    asked is told so."""
+    """Run ``func`` (a signal's send) once the transaction on ``using`` commits; what it
+    raises is logged as ``what``, never raised: the write committed."""
 
     def run() -> None:
         try:

@@ -4,8 +4,9 @@ the work; this command parses arguments and shows progress)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -20,19 +21,18 @@ from ctxsum.services import (
 PROGRESS_SECONDS = 0.1
 
 
+@dataclass
 class Progress:
     """A one-line progress bar on a terminal, redrawn with ``\\r``; silent elsewhere."""
 
-    WIDTH = 30
-
-    def __init__(
-        self, out: Any, label: str, total_bytes: int, limit: int | None, enabled: bool
-    ) -> None:
-        self.out, self.label, self.total = out, label, max(total_bytes, 1)
-        self.limit = limit
-        self.enabled = enabled
-        self.last = 0.0
-        self.last_line = 0  # the last line read, for an error message
+    out: Any
+    label: str
+    total: int  # bytes
+    limit: int | None
+    enabled: bool
+    last: float = 0.0
+    last_line: int = 0  # the last line read, for an error message
+    WIDTH: ClassVar[int] = 30
 
     def update(self, done_bytes: int, tally: Tally) -> None:
         self.last_line = tally.last_line
@@ -129,13 +129,8 @@ class Command(BaseCommand):
     def _import_file(
         self, path: Path, owner: Any, seen: set[str], limit: int | None, verbosity: int
     ) -> Tally:
-        progress = Progress(
-            self.stderr,
-            path.name,
-            path.stat().st_size,
-            limit,
-            enabled=verbosity > 0 and self.stderr.isatty(),
-        )
+        enabled = verbosity > 0 and self.stderr.isatty()
+        progress = Progress(self.stderr, path.name, max(path.stat().st_size, 1), limit, enabled)
         try:
             return file_import(path, owner=owner, seen=seen, limit=limit, progress=progress.update)
         except (OSError, EOFError) as error:  # unreadable, truncated or corrupt gzip
