@@ -940,6 +940,45 @@ def tail_is_valid(messages: list[Message], cutoff: int) -> bool:
     return all(pairs[index] >= cutoff for index in range(cutoff, len(messages)) if index in pairs)
 
 
+def assert_compacting_plan(
+    plan: Any, messages: list[Message], tokens: list[int], leading: bool, rule: Policy
+) -> None:
+    """What a plan that compacts holds to: its sizes, and retention against the trigger."""
+    start, count, ceiling = plan.start, len(messages), rule.max_context_tokens
+    has_summary = start > int(leading)
+    # The newest message and its tool round are the least a compaction keeps.
+    newest_round = safe_cutoff(messages, start=start, candidate=count - 1)
+    assert start < plan.cutoff <= newest_round
+    assert plan.message_count_after == int(leading) + 1 + count - plan.cutoff
+    assert plan.summary_budget == summary_budget(
+        previous_tokens=tokens[int(leading)] if has_summary else 0,
+        archived_tokens=sum(tokens[start : plan.cutoff]),
+        max_tokens=1024,
+        goal_tokens=_goal(rule),
+    )
+    assert plan.tokens_after == (
+        sum(tokens[: int(leading)])
+        + plan.summary_budget
+        + sum(tokens[plan.cutoff :])
+        + REPLY_PRIMING
+    )
+    over = rule.trigger.reached(plan.message_count_after, plan.tokens_after) or (
+        ceiling is not None and plan.tokens_after > ceiling
+    )
+    assert plan.over_trigger == over
+    # Never more kept than retention asks for (tool rounds aside) ...
+    preferred = safe_cutoff(
+        messages, start=start, candidate=retention_cutoff(tokens, start=start, keep=rule.keep)
+    )
+    assert plan.cutoff >= min(preferred, newest_round)
+    # ... and fewer only to get off the trigger: then as far as the target or the minimum.
+    if plan.cutoff > max(preferred, start + 1) and plan.cutoff != newest_round:
+        assert rule.trigger.within(0.5, plan.message_count_after, plan.tokens_after)
+        assert ceiling is None or plan.tokens_after <= ceiling // 2
+    if over:
+        assert plan.cutoff == newest_round
+
+
 @settings(max_examples=400, deadline=None)
 @given(conversation=conversations(), rule=policies(), force=st.booleans())
 def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
@@ -963,38 +1002,8 @@ def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
     if force:
         assert plan.reason in (Reason.COMPACTED, Reason.NOTHING_TO_SUMMARIZE)
     ceiling = rule.max_context_tokens
-    # The newest message and its tool round are the least a compaction keeps.
-    newest_round = safe_cutoff(messages, start=start, candidate=count - 1)
     if plan.compacts:
-        assert start < plan.cutoff <= newest_round
-        assert plan.message_count_after == int(leading) + 1 + count - plan.cutoff
-        assert plan.summary_budget == summary_budget(
-            previous_tokens=tokens[int(leading)] if has_summary else 0,
-            archived_tokens=sum(tokens[start : plan.cutoff]),
-            max_tokens=1024,
-            goal_tokens=_goal(rule),
-        )
-        assert plan.tokens_after == (
-            sum(tokens[: int(leading)])
-            + plan.summary_budget
-            + sum(tokens[plan.cutoff :])
-            + REPLY_PRIMING
-        )
-        over = rule.trigger.reached(plan.message_count_after, plan.tokens_after) or (
-            ceiling is not None and plan.tokens_after > ceiling
-        )
-        assert plan.over_trigger == over
-        # Never more kept than retention asks for (tool rounds aside) ...
-        preferred = safe_cutoff(
-            messages, start=start, candidate=retention_cutoff(tokens, start=start, keep=rule.keep)
-        )
-        assert plan.cutoff >= min(preferred, newest_round)
-        # ... and fewer only to get off the trigger: then as far as the target or the minimum.
-        if plan.cutoff > max(preferred, start + 1) and plan.cutoff != newest_round:
-            assert rule.trigger.within(0.5, plan.message_count_after, plan.tokens_after)
-            assert ceiling is None or plan.tokens_after <= ceiling // 2
-        if over:
-            assert plan.cutoff == newest_round
+        assert_compacting_plan(plan, messages, tokens, leading, rule)
     if plan.reason is Reason.BELOW_TRIGGER:
         assert not force
         assert not rule.trigger.reached(count, plan.tokens_before)
