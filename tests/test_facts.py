@@ -324,29 +324,26 @@ def test_facts_cut_off_at_the_token_cap_keep_the_whole_summary(
 # --------------------------------------------------------------------------- merge
 
 
+def model_writes(conversation: Conversation, key: str, value: str, confirmed_at: Any) -> None:
+    """A fact the model wrote from seq 1 of ``conversation``, last confirmed then."""
+    person_writes(
+        conversation,
+        key=key,
+        value=value,
+        changed_by=MODEL,
+        source_seqs=[1],
+        source_conversation=conversation,
+        confirmed_at=confirmed_at,
+    )
+
+
 def test_a_pinned_or_person_edited_fact_survives_a_model_update(user, openai_summarizer):
     conversation = build(user)
     earlier = timezone.now() - timedelta(hours=1)
     person_writes(conversation, key="seat", value="14A", pinned=True, changed_by=MODEL)
     person_writes(conversation, key="email", value="ana@example.com")
-    person_writes(
-        conversation,
-        key="budget",
-        value="400 EUR",
-        changed_by=MODEL,
-        source_seqs=[1],
-        source_conversation=conversation,
-        confirmed_at=earlier,
-    )
-    person_writes(
-        conversation,
-        key="city",
-        value="Delhi",
-        changed_by=MODEL,
-        source_seqs=[1],
-        source_conversation=conversation,
-        confirmed_at=earlier,
-    )
+    model_writes(conversation, "budget", "400 EUR", earlier)
+    model_writes(conversation, "city", "Delhi", earlier)
     assert_context_invariants(conversation)
     openai_summarizer.facts = [
         {"key": "seat", "value": "15C", "source_seqs": [2]},
@@ -660,6 +657,17 @@ def test_the_context_endpoint_and_the_chat_turn_send_the_block(user, api, chat_m
 # --------------------------------------------------------------------------- revert
 
 
+# What the model proposes at the second compaction of the revert test (it archives 5-8).
+SECOND_FACTS = [
+    {"key": "flight", "value": "LH 1172", "source_seqs": [5]},
+    {"key": "seat", "value": "15C", "source_seqs": [5]},
+    {"key": "city", "value": "Delhi", "source_seqs": [6]},
+    {"key": "hotel", "value": "Imperial", "source_seqs": [7]},
+    {"key": "transfer", "value": "both ways", "source_seqs": [8]},
+    {"key": "meal", "value": "vegan", "source_seqs": [8]},
+]
+
+
 def test_a_revert_takes_back_the_facts_its_version_wrote(user, openai_summarizer):
     conversation = build(user)
     openai_summarizer.facts = [
@@ -671,15 +679,7 @@ def test_a_revert_takes_back_the_facts_its_version_wrote(user, openai_summarizer
     before = {fact.key: fact for fact in Fact.objects.all()}
     pinned = person_writes(conversation, key="meal", value="vegetarian", pinned=True)
     message_append(conversation=conversation, messages=history(7, 4))  # seqs 7-10
-    # The second compaction archives 5-8.
-    openai_summarizer.facts = [
-        {"key": "flight", "value": "LH 1172", "source_seqs": [5]},
-        {"key": "seat", "value": "15C", "source_seqs": [5]},
-        {"key": "city", "value": "Delhi", "source_seqs": [6]},
-        {"key": "hotel", "value": "Imperial", "source_seqs": [7]},
-        {"key": "transfer", "value": "both ways", "source_seqs": [8]},
-        {"key": "meal", "value": "vegan", "source_seqs": [8]},
-    ]
+    openai_summarizer.facts = SECOND_FACTS
     second = compact(conversation).summary
     facts = facts_of(conversation)
     assert (facts["flight"].value, facts["seat"].value) == ("LH 1172", "15C")
