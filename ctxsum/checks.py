@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
@@ -61,28 +61,18 @@ def _policy_errors() -> list[CheckMessage]:
 
 def _number_errors() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    for key in POSITIVE_KEYS:
+    for key in (*POSITIVE_KEYS, *OPTIONAL_POSITIVE_KEYS):
         value = getattr(ctxsum_settings, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            errors.append(
-                Error(
-                    f"CTXSUM[{key!r}] must be a positive number, not {value!r}.",
-                    hint=f"The default is {DEFAULTS[key]!r}.",
-                    id="ctxsum.E005",
-                )
+        optional = key in OPTIONAL_POSITIVE_KEYS
+        if (value is None and optional) or (is_number(value) and value > 0):
+            continue
+        errors.append(
+            Error(
+                f"CTXSUM[{key!r}] must be a positive number{' or None' * optional}, not {value!r}.",
+                hint=f"The default is {DEFAULTS[key]!r}.",
+                id="ctxsum.E005",
             )
-    for key in OPTIONAL_POSITIVE_KEYS:
-        value = getattr(ctxsum_settings, key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
-        ):
-            errors.append(
-                Error(
-                    f"CTXSUM[{key!r}] must be a positive number or None, not {value!r}.",
-                    hint=f"The default is {DEFAULTS[key]!r}.",
-                    id="ctxsum.E005",
-                )
-            )
+        )
     facts: object = ctxsum_settings.FACTS_MAX_TOKENS
     if isinstance(facts, bool) or not isinstance(facts, int) or facts < 0:
         errors.append(
@@ -93,7 +83,7 @@ def _number_errors() -> list[CheckMessage]:
             )
         )
     ratio: object = ctxsum_settings.TARGET_RATIO  # as given, maybe not a number
-    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 1:
+    if not (is_number(ratio) and 0 < ratio < 1):
         errors.append(
             Error(
                 f"CTXSUM['TARGET_RATIO'] must be a number between 0 and 1, not {ratio!r}.",
@@ -106,6 +96,11 @@ def _number_errors() -> list[CheckMessage]:
         if not isinstance(value, str) or not value.strip():
             errors.append(Error(f"CTXSUM[{key!r}] must be a non-blank string.", id="ctxsum.E006"))
     return errors
+
+
+def is_number(value: object) -> TypeGuard[int | float]:
+    """An int or a float, and not a bool (which Python takes for an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _input_budget_errors() -> list[CheckMessage]:

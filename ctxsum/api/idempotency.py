@@ -1,15 +1,7 @@
 """The ``Idempotency-Key`` header: ``@idempotent`` on a view method of a conversation's
 endpoint (above its ``@schema.operation``) makes a retry with the same key answer what the
-first request answered, without running again.
-
-The key belongs to the user and the conversation; the request it names is its method, its
-view and its raw body. A first request claims the key, runs, and stores its answer when it
-is a success (2xx); any other answer gives the key back, since the request stored nothing
-and running it again is safe. A retry gets the stored answer, marked ``Idempotent-Replayed:
-true``; the same key on another request, or while the first one is still running, is a 409.
-The view hands ``self.idempotency`` (the claim) to a service whose write must never repeat,
-which marks the claim in the write's own transaction (``message_append(idempotency=…)``).
-See docs/architecture.md, "Idempotency keys".
+first request answered, without running again. A success is stored on the key; any other
+answer gives the key back. See docs/architecture.md, "Idempotency keys".
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from ctxsum.api.base import (
     seq_from_path,
     version_from_path,
 )
-from ctxsum.api.exceptions import SummarizerFailed
 from ctxsum.api.idempotency import idempotent
 from ctxsum.api.pagination import TranscriptPagination
 from ctxsum.api.serializers import (
@@ -44,12 +43,8 @@ from ctxsum.api.serializers import (
     SummaryOutputSerializer,
     read_after_write,
 )
-from ctxsum.exceptions import (
-    MessagesInvalid,
-    SummarizerError,
-)
+from ctxsum.exceptions import MessagesInvalid
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.policy import failure_reason
 
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:
@@ -271,13 +266,11 @@ class ConversationCompact(CtxsumView):
         conversation = self.get_conversation()
         serializer = CompactInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        try:
-            result = services.conversation_compact(
-                conversation=conversation, **serializer.validated_data
-            )
-        except SummarizerError as error:
-            # The provider's own words are in the attempt record and the log, not here.
-            raise SummarizerFailed(reason=failure_reason(error)) from error
+        # A SummarizerError is a 502 (api_exception): the provider's own words are in the
+        # attempt record and the log, not in the answer.
+        result = services.conversation_compact(
+            conversation=conversation, **serializer.validated_data
+        )
         return Response(CompactionOutputSerializer(result).data)
 
 
@@ -301,10 +294,7 @@ class SummaryRebuild(CtxsumView):
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
         no_fields(request)
-        try:
-            rebuilt = services.conversation_rebuild(conversation=conversation)
-        except SummarizerError as error:
-            raise SummarizerFailed(reason=failure_reason(error)) from error
+        rebuilt = services.conversation_rebuild(conversation=conversation)
         active = _context_after_write(conversation)
         return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
 

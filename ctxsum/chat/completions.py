@@ -259,9 +259,7 @@ class ReplyBuilder:
         return reply_message(content=content, refusal=refusal or None, tool_calls=calls)
 
 
-def reply_message(
-    *, content: Any, refusal: Any = None, tool_calls: Any = None
-) -> dict[str, Any]:
+def reply_message(*, content: Any, refusal: Any = None, tool_calls: Any = None) -> dict[str, Any]:
     """An assistant message with only the fields the reply has."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
