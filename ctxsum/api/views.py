@@ -115,12 +115,9 @@ class ConversationList(CtxsumView):
         on_conversation=False,
     )
     def post(self, request: Request) -> Response:
-        serializer = ConversationCreateInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        fields = _service_fields(self.validated(ConversationCreateInputSerializer))
         try:
-            conversation = services.conversation_create(
-                owner=request.user, **_service_fields(serializer.validated_data)
-            )
+            conversation = services.conversation_create(owner=request.user, **fields)
         except MessagesInvalid as error:
             raise exceptions.ValidationError({"messages": error.per_message}) from error
         except DjangoValidationError as error:
@@ -148,12 +145,9 @@ class ConversationDetail(CtxsumView):
     )
     def patch(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        serializer = ConversationInputSerializer(data=request.data, partial=True)
-        serializer.is_valid(raise_exception=True)
+        fields = _service_fields(self.validated(ConversationInputSerializer, partial=True))
         try:
-            services.conversation_update(
-                conversation=conversation, **_service_fields(serializer.validated_data)
-            )
+            services.conversation_update(conversation=conversation, **fields)
         except DjangoValidationError as error:
             raise _nest_policy_errors(error) from error
         return Response(_detail(conversation))
@@ -197,9 +191,7 @@ class MessageList(CtxsumView):
         conversation = self.get_conversation()
         batch = isinstance(request.data, dict) and "messages" in request.data
         if batch:
-            serializer = MessageBatchInputSerializer(data=request.data)
-            serializer.is_valid(raise_exception=True)
-            messages = serializer.validated_data["messages"]
+            messages = self.validated(MessageBatchInputSerializer)["messages"]
         else:
             messages = [request.data]
         try:
@@ -264,13 +256,10 @@ class ConversationCompact(CtxsumView):
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        serializer = CompactInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        options = self.validated(CompactInputSerializer)
         # A SummarizerError is a 502 (api_exception): the provider's own words are in the
         # attempt record and the log, not in the answer.
-        result = services.conversation_compact(
-            conversation=conversation, **serializer.validated_data
-        )
+        result = services.conversation_compact(conversation=conversation, **options)
         return Response(CompactionOutputSerializer(result).data)
 
 
