@@ -137,35 +137,33 @@ def _facts_instruction() -> str:
         return ""
 
 
-def _lease_warnings() -> list[CheckMessage]:
-    lease, timeout = ctxsum_settings.LEASE_SECONDS, ctxsum_settings.SUMMARY_TIMEOUT
-    if lease is not None and lease < timeout:
-        return [
-            Warning(
-                f"CTXSUM['LEASE_SECONDS'] ({lease}) is shorter than SUMMARY_TIMEOUT ({timeout}): "
-                "another worker may take over a lease while its summarizer call still runs, "
-                "wasting that summary.",
-                hint="Leave LEASE_SECONDS unset (SUMMARY_TIMEOUT + 5) or raise it.",
-                id="ctxsum.W003",
-            )
-        ]
-    return []
+# A time that must outlast a summarizer call: its consequence when it does not, and a hint.
+SHORTER_THAN_TIMEOUT = {
+    "LEASE_SECONDS": (
+        "ctxsum.W003",
+        "another worker may take over a lease while its summarizer call still runs, wasting "
+        "that summary.",
+        "Leave LEASE_SECONDS unset (SUMMARY_TIMEOUT + 5) or raise it.",
+    ),
+    "IDEMPOTENCY_CLAIM_SECONDS": (
+        "ctxsum.W004",
+        "a retry may run a compaction again while the first request with its Idempotency-Key "
+        "still waits for the summarizer.",
+        "Make it longer than any request takes (the default is "
+        f"{DEFAULTS['IDEMPOTENCY_CLAIM_SECONDS']!r}).",
+    ),
+}
 
 
-def _idempotency_warnings() -> list[CheckMessage]:
-    claim, timeout = ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS, ctxsum_settings.SUMMARY_TIMEOUT
-    if claim < timeout:
-        return [
-            Warning(
-                f"CTXSUM['IDEMPOTENCY_CLAIM_SECONDS'] ({claim}) is shorter than SUMMARY_TIMEOUT "
-                f"({timeout}): a retry may run a compaction again while the first request "
-                "with its Idempotency-Key still waits for the summarizer.",
-                hint="Make it longer than any request takes (the default is "
-                f"{DEFAULTS['IDEMPOTENCY_CLAIM_SECONDS']!r}).",
-                id="ctxsum.W004",
-            )
-        ]
-    return []
+def _timeout_warnings() -> list[CheckMessage]:
+    timeout = ctxsum_settings.SUMMARY_TIMEOUT
+    warnings: list[CheckMessage] = []
+    for key, (check_id, consequence, hint) in SHORTER_THAN_TIMEOUT.items():
+        seconds = getattr(ctxsum_settings, key)
+        if seconds is not None and seconds < timeout:
+            message = f"CTXSUM[{key!r}] ({seconds}) is shorter than SUMMARY_TIMEOUT ({timeout}): "
+            warnings.append(Warning(message + consequence, hint=hint, id=check_id))
+    return warnings
 
 
 def _body_limit_errors() -> list[CheckMessage]:
@@ -313,8 +311,7 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         ]
     errors = _absent_app_warnings() + _policy_errors() + _number_errors()
     if not errors:
-        errors += _input_budget_errors() + _body_limit_errors() + _lease_warnings()
-        errors += _idempotency_warnings()
+        errors += _input_budget_errors() + _body_limit_errors() + _timeout_warnings()
         errors += _runner_errors()
         errors += _summarizer_errors()
     return errors + _encoding_warnings()

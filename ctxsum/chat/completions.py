@@ -1,12 +1,6 @@
-"""What a chat turn sends to the model and makes of its answer: pure, no ORM, no I/O.
-
-- ``turn_message_clean``: the turn's new message, checked like any appended message, and a
-  role a turn can start from (a user message, or one tool result);
-- ``options_clean``: the request options a client may pass through (``model``, ``tools``,
-  ``tool_choice``, ``temperature``, ``max_completion_tokens``), checked field by field so a
-  bad one is a 400 naming it, never a provider error or a 500;
-- ``Usage`` and ``ReplyBuilder``: the provider's usage, and a streamed reply put together
-  from its chunks (content, refusal and tool-call deltas, the finish reason, the usage chunk).
+"""What a chat turn sends to the model and makes of its answer: pure, no ORM, no I/O. The
+turn's message and options are checked field by field, so a bad one is a 400 naming it,
+never a provider error or a 500; a streamed reply is put together from its chunks.
 """
 
 from __future__ import annotations
