@@ -105,10 +105,15 @@ def is_number(value: object) -> TypeGuard[int | float]:
 
 def _input_budget_errors() -> list[CheckMessage]:
     from ctxsum.services.summaries import MIN_CHUNK_BUDGET, history_room, summary_prompt
+    from ctxsum.summarizers import get_summarizer
     from ctxsum.tokens import count_text
 
+    try:  # what the summarizer adds to the prompt for key facts
+        facts = get_summarizer().facts_instruction()
+    except Exception:  # it cannot be built: E007/E008 say why
+        facts = ""
     # The longest length-budget line a prompt can carry: 3/4 of the answer's cap.
-    prompt = summary_prompt(ctxsum_settings.SUMMARY_MAX_TOKENS * 3 // 4, _facts_instruction())
+    prompt = summary_prompt(ctxsum_settings.SUMMARY_MAX_TOKENS * 3 // 4, facts)
     try:
         room = history_room(prompt, count_text)
     except Exception:  # the encoding cannot be loaded: W001 says so
@@ -124,17 +129,6 @@ def _input_budget_errors() -> list[CheckMessage]:
             id="ctxsum.E010",
         )
     ]
-
-
-def _facts_instruction() -> str:
-    """What the configured summarizer adds to the prompt for key facts ("" when it cannot
-    be built: E007/E008 say why)."""
-    from ctxsum.summarizers import get_summarizer
-
-    try:
-        return get_summarizer().facts_instruction()
-    except Exception:
-        return ""
 
 
 # A time that must outlast a summarizer call: its consequence when it does not, and a hint.

@@ -67,29 +67,23 @@ class InvalidIdempotencyKey(exceptions.APIException):
     default_code = "invalid_idempotency_key"
 
 
-class IdempotencyKeyReused(exceptions.APIException):
+class IdempotencyConflict(exceptions.APIException):
+    """Why a request may not run under its key now: its detail and code say which."""
+
     status_code = status.HTTP_409_CONFLICT
-    default_detail = KEY_REUSED
-    default_code = "idempotency_key_reused"
 
 
-class IdempotencyKeyInProgress(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = KEY_IN_PROGRESS
-    default_code = "idempotency_key_in_progress"
-
-
-class IdempotencyAnswerLost(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = ANSWER_LOST
-    default_code = "idempotency_key_answer_lost"
-
-
-REFUSALS: dict[Found, type[exceptions.APIException]] = {
-    Found.REUSED: IdempotencyKeyReused,
-    Found.IN_PROGRESS: IdempotencyKeyInProgress,
-    Found.ANSWER_LOST: IdempotencyAnswerLost,
+REFUSALS = {
+    Found.REUSED: (KEY_REUSED, "idempotency_key_reused"),
+    Found.IN_PROGRESS: (KEY_IN_PROGRESS, "idempotency_key_in_progress"),
+    Found.ANSWER_LOST: (ANSWER_LOST, "idempotency_key_answer_lost"),
 }
+
+
+def refusal(found: Found) -> IdempotencyConflict:
+    detail, code = REFUSALS[found]
+    return IdempotencyConflict(detail, code)
+
 
 Handler = Callable[..., Response | StreamingHttpResponse]
 
@@ -163,13 +157,13 @@ def idempotent(handler: Handler) -> Handler:
         if isinstance(found, Answer):
             return Response(found.data, status=found.status, headers={REPLAYED_HEADER: "true"})
         if isinstance(found, Found):
-            raise REFUSALS[found]
+            raise refusal(found)
         view.idempotency = found
         try:
             response = handler(view, request, *args, **kwargs)
         except LeaseLost as error:
             # An abandoned claim was taken over by a retry: that one runs, this one stops.
-            raise IdempotencyKeyInProgress from error
+            raise refusal(Found.IN_PROGRESS) from error
         except BaseException:
             key_release(found)
             raise
