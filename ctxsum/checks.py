@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
@@ -61,28 +61,18 @@ def _policy_errors() -> list[CheckMessage]:
 
 def _number_errors() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
-    for key in POSITIVE_KEYS:
+    for key in (*POSITIVE_KEYS, *OPTIONAL_POSITIVE_KEYS):
         value = getattr(ctxsum_settings, key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            errors.append(
-                Error(
-                    f"CTXSUM[{key!r}] must be a positive number, not {value!r}.",
-                    hint=f"The default is {DEFAULTS[key]!r}.",
-                    id="ctxsum.E005",
-                )
+        optional = key in OPTIONAL_POSITIVE_KEYS
+        if (value is None and optional) or (is_number(value) and value > 0):
+            continue
+        errors.append(
+            Error(
+                f"CTXSUM[{key!r}] must be a positive number{' or None' * optional}, not {value!r}.",
+                hint=f"The default is {DEFAULTS[key]!r}.",
+                id="ctxsum.E005",
             )
-    for key in OPTIONAL_POSITIVE_KEYS:
-        value = getattr(ctxsum_settings, key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
-        ):
-            errors.append(
-                Error(
-                    f"CTXSUM[{key!r}] must be a positive number or None, not {value!r}.",
-                    hint=f"The default is {DEFAULTS[key]!r}.",
-                    id="ctxsum.E005",
-                )
-            )
+        )
     facts: object = ctxsum_settings.FACTS_MAX_TOKENS
     if isinstance(facts, bool) or not isinstance(facts, int) or facts < 0:
         errors.append(
@@ -93,7 +83,7 @@ def _number_errors() -> list[CheckMessage]:
             )
         )
     ratio: object = ctxsum_settings.TARGET_RATIO  # as given, maybe not a number
-    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 1:
+    if not (is_number(ratio) and 0 < ratio < 1):
         errors.append(
             Error(
                 f"CTXSUM['TARGET_RATIO'] must be a number between 0 and 1, not {ratio!r}.",
@@ -108,12 +98,22 @@ def _number_errors() -> list[CheckMessage]:
     return errors
 
 
+def is_number(value: object) -> TypeGuard[int | float]:
+    """An int or a float, and not a bool (which Python takes for an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _input_budget_errors() -> list[CheckMessage]:
     from ctxsum.services.summaries import MIN_CHUNK_BUDGET, history_room, summary_prompt
+    from ctxsum.summarizers import get_summarizer
     from ctxsum.tokens import count_text
 
+    try:  # what the summarizer adds to the prompt for key facts
+        facts = get_summarizer().facts_instruction()
+    except Exception:  # it cannot be built: E007/E008 say why
+        facts = ""
     # The longest length-budget line a prompt can carry: 3/4 of the answer's cap.
-    prompt = summary_prompt(ctxsum_settings.SUMMARY_MAX_TOKENS * 3 // 4, _facts_instruction())
+    prompt = summary_prompt(ctxsum_settings.SUMMARY_MAX_TOKENS * 3 // 4, facts)
     try:
         room = history_room(prompt, count_text)
     except Exception:  # the encoding cannot be loaded: W001 says so
@@ -131,46 +131,33 @@ def _input_budget_errors() -> list[CheckMessage]:
     ]
 
 
-def _facts_instruction() -> str:
-    """What the configured summarizer adds to the prompt for key facts ("" when it cannot
-    be built: E007/E008 say why)."""
-    from ctxsum.summarizers import get_summarizer
-
-    try:
-        return get_summarizer().facts_instruction()
-    except Exception:
-        return ""
-
-
-def _lease_warnings() -> list[CheckMessage]:
-    lease, timeout = ctxsum_settings.LEASE_SECONDS, ctxsum_settings.SUMMARY_TIMEOUT
-    if lease is not None and lease < timeout:
-        return [
-            Warning(
-                f"CTXSUM['LEASE_SECONDS'] ({lease}) is shorter than SUMMARY_TIMEOUT ({timeout}): "
-                "another worker may take over a lease while its summarizer call still runs, "
-                "wasting that summary.",
-                hint="Leave LEASE_SECONDS unset (SUMMARY_TIMEOUT + 5) or raise it.",
-                id="ctxsum.W003",
-            )
-        ]
-    return []
+# A time that must outlast a summarizer call: its consequence when it does not, and a hint.
+SHORTER_THAN_TIMEOUT = {
+    "LEASE_SECONDS": (
+        "ctxsum.W003",
+        "another worker may take over a lease while its summarizer call still runs, wasting "
+        "that summary.",
+        "Leave LEASE_SECONDS unset (SUMMARY_TIMEOUT + 5) or raise it.",
+    ),
+    "IDEMPOTENCY_CLAIM_SECONDS": (
+        "ctxsum.W004",
+        "a retry may run a compaction again while the first request with its Idempotency-Key "
+        "still waits for the summarizer.",
+        "Make it longer than any request takes (the default is "
+        f"{DEFAULTS['IDEMPOTENCY_CLAIM_SECONDS']!r}).",
+    ),
+}
 
 
-def _idempotency_warnings() -> list[CheckMessage]:
-    claim, timeout = ctxsum_settings.IDEMPOTENCY_CLAIM_SECONDS, ctxsum_settings.SUMMARY_TIMEOUT
-    if claim < timeout:
-        return [
-            Warning(
-                f"CTXSUM['IDEMPOTENCY_CLAIM_SECONDS'] ({claim}) is shorter than SUMMARY_TIMEOUT "
-                f"({timeout}): a retry may run a compaction again while the first request "
-                "with its Idempotency-Key still waits for the summarizer.",
-                hint="Make it longer than any request takes (the default is "
-                f"{DEFAULTS['IDEMPOTENCY_CLAIM_SECONDS']!r}).",
-                id="ctxsum.W004",
-            )
-        ]
-    return []
+def _timeout_warnings() -> list[CheckMessage]:
+    timeout = ctxsum_settings.SUMMARY_TIMEOUT
+    warnings: list[CheckMessage] = []
+    for key, (check_id, consequence, hint) in SHORTER_THAN_TIMEOUT.items():
+        seconds = getattr(ctxsum_settings, key)
+        if seconds is not None and seconds < timeout:
+            message = f"CTXSUM[{key!r}] ({seconds}) is shorter than SUMMARY_TIMEOUT ({timeout}): "
+            warnings.append(Warning(message + consequence, hint=hint, id=check_id))
+    return warnings
 
 
 def _body_limit_errors() -> list[CheckMessage]:
@@ -318,8 +305,7 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
         ]
     errors = _absent_app_warnings() + _policy_errors() + _number_errors()
     if not errors:
-        errors += _input_budget_errors() + _body_limit_errors() + _lease_warnings()
-        errors += _idempotency_warnings()
+        errors += _input_budget_errors() + _body_limit_errors() + _timeout_warnings()
         errors += _runner_errors()
         errors += _summarizer_errors()
     return errors + _encoding_warnings()

@@ -206,10 +206,6 @@ class SummaryQuerySet(models.QuerySet["Summary"]):
         current = Q(prompt_version=prompt_version, prompt_sha256=prompt_sha256)
         return self.filter(~current | Q(covers_redacted=True))
 
-    def coverage_below(self, ratio: float) -> SummaryQuerySet:
-        return self.filter(coverage__lt=ratio)
-
-
 class Summary(models.Model):
     class Origin(models.TextChoices):
         COMPACTION = "compaction"

@@ -6,12 +6,12 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum.admin.base import AttemptModelAdmin, ReadOnlyMixin, badge, conversation_link, short_time
+from ctxsum.admin.base import AttemptModelAdmin, ConversationRowMixin, badge
 from ctxsum.models import CompactionAttempt
 
 
 @admin.register(CompactionAttempt)
-class CompactionAttemptAdmin(ReadOnlyMixin, AttemptModelAdmin):
+class CompactionAttemptAdmin(ConversationRowMixin, AttemptModelAdmin):
     list_display = (
         "created",
         "conversation_title",
@@ -21,19 +21,8 @@ class CompactionAttemptAdmin(ReadOnlyMixin, AttemptModelAdmin):
         "archived",
     )
     list_filter = ("outcome", "reason", "forced")
-    list_select_related = ("conversation",)
-    list_per_page = 50
-    show_full_result_count = False
     search_fields = ("conversation__id", "conversation__title", "error")
     readonly_fields = [field.name for field in CompactionAttempt._meta.fields]
-
-    @admin.display(description=_("created"), ordering="created_at")
-    def created(self, obj: CompactionAttempt) -> str:
-        return short_time(obj.created_at)
-
-    @admin.display(description=_("conversation"), ordering="conversation__title")
-    def conversation_title(self, obj: CompactionAttempt) -> str:
-        return conversation_link(obj.conversation, chars=32)
 
     @admin.display(description=_("outcome"), ordering="outcome")
     def outcome_label(self, obj: CompactionAttempt) -> str:

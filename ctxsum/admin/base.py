@@ -4,7 +4,7 @@ and the generic admin classes, subscripted for mypy only."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin
 from django.http import HttpRequest
@@ -13,6 +13,7 @@ from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.timezone import localtime
+from django.utils.translation import gettext_lazy as _
 
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 
@@ -47,6 +48,24 @@ class ReadOnlyMixin(ReviewMediaMixin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ConversationRowMixin(ReadOnlyMixin):
+    """A read-only list of rows that belong to a conversation: its title (linking its review
+    page) and the row's creation as columns, 50 rows a page, no full count."""
+
+    list_select_related: ClassVar[bool | list[str] | tuple[str, ...]] = ("conversation",)
+    list_per_page = 50
+    show_full_result_count = False
+    conversation_chars = 32
+
+    @admin.display(description=_("created"), ordering="created_at")
+    def created(self, obj: Any) -> str:
+        return short_time(obj.created_at)
+
+    @admin.display(description=_("conversation"), ordering="conversation__title")
+    def conversation_title(self, obj: Any) -> str:
+        return conversation_link(obj.conversation, chars=self.conversation_chars)
 
 
 def badge(kind: str, text: object, hint: str = "") -> str:

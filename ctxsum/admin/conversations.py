@@ -224,33 +224,19 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             if url.name == "{}_{}_changelist".format(*info):
                 # The actions call the summarizer: never inside ATOMIC_REQUESTS' transaction.
                 transaction.non_atomic_requests(url.callback)
+        pages: list[tuple[str, str, Callable[..., HttpResponse]]] = [
+            ("review", "review/", views.conversation_review),
+            ("redact", "messages/<int:seq>/redact/", views.message_redact),
+            ("revert", "summaries/<int:version>/revert/", views.summary_revert),
+        ]
         return [
             path(
-                "<path:object_id>/review/",
-                wrap(self.review_view),
-                name="{}_{}_review".format(*info),
-            ),
-            path(
-                "<path:object_id>/messages/<int:seq>/redact/",
-                wrap(self.redact_view),
-                name="{}_{}_redact".format(*info),
-            ),
-            path(
-                "<path:object_id>/summaries/<int:version>/revert/",
-                wrap(self.revert_view),
-                name="{}_{}_revert".format(*info),
-            ),
-            *urls,
-        ]
-
-    def review_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        return views.conversation_review(self, request, object_id)
-
-    def redact_view(self, request: HttpRequest, object_id: str, seq: int) -> HttpResponse:
-        return views.message_redact(self, request, object_id, seq)
-
-    def revert_view(self, request: HttpRequest, object_id: str, version: int) -> HttpResponse:
-        return views.summary_revert(self, request, object_id, version)
+                f"<path:object_id>/{route}",
+                wrap(partial(page, self)),
+                name="{}_{}_{}".format(*info, name),
+            )
+            for name, route, page in pages
+        ] + urls
 
     # --- actions ------------------------------------------------------------------------------
 

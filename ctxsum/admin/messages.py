@@ -12,19 +12,17 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.admin import filters
-from ctxsum.admin.base import MessageModelAdmin, ReadOnlyMixin, conversation_link
+from ctxsum.admin.base import ConversationRowMixin, MessageModelAdmin
 from ctxsum.admin.queries import page_of
 from ctxsum.admin.rendering import content_blocks
 from ctxsum.models import Message
 
 
 @admin.register(Message)
-class MessageAdmin(ReadOnlyMixin, MessageModelAdmin):
+class MessageAdmin(ConversationRowMixin, MessageModelAdmin):
     list_display = ("seq", "conversation_title", "role", "preview", "tokens", "state")
     list_filter = (filters.MessageStateFilter, "role")
     list_select_related = ("conversation", "summary")
-    list_per_page = 50
-    show_full_result_count = False
     search_fields = ("conversation__id", "tool_call_id")
     search_help_text = _("Conversation id, tool call id, or words in the message.")
     readonly_fields = ("in_review", *(field.name for field in Message._meta.fields))
@@ -39,10 +37,6 @@ class MessageAdmin(ReadOnlyMixin, MessageModelAdmin):
             holding = Message.objects.containing(term).values("pk")
             results = results | queryset.filter(pk__in=holding)
         return results, may_have_duplicates
-
-    @admin.display(description=_("conversation"), ordering="conversation__title")
-    def conversation_title(self, obj: Message) -> str:
-        return conversation_link(obj.conversation, chars=32)
 
     @admin.display(description=_("content"))
     def preview(self, obj: Message) -> str:

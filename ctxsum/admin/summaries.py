@@ -11,13 +11,13 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.admin import filters, views
-from ctxsum.admin.base import ReadOnlyMixin, SummaryModelAdmin, badge, conversation_link, short_time
+from ctxsum.admin.base import ConversationRowMixin, SummaryModelAdmin, badge
 from ctxsum.admin.rendering import stale_reasons
 from ctxsum.models import Summary
 
 
 @admin.register(Summary)
-class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
+class SummaryAdmin(ConversationRowMixin, SummaryModelAdmin):
     list_display = (
         "summary",
         "conversation_title",
@@ -34,10 +34,8 @@ class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
         "superseded",
         "reverted",
     )
-    list_select_related = ("conversation",)
     ordering = ("-created_at", "-version")
-    list_per_page = 50
-    show_full_result_count = False
+    conversation_chars = 40
     search_fields = ("conversation__id", "conversation__title", "text")
 
     def get_queryset(self, request: HttpRequest) -> Any:
@@ -61,10 +59,6 @@ class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
         rebuild), and whether a rebuild wrote it."""
         origin = badge("rebuild", _("rebuild")) if obj.origin == Summary.Origin.REBUILD else ""
         return format_html("v{} {} {}", obj.version, self.state(obj), origin)
-
-    @admin.display(description=_("conversation"), ordering="conversation__title")
-    def conversation_title(self, obj: Summary) -> str:
-        return conversation_link(obj.conversation)
 
     def state(self, obj: Summary) -> str:
         if obj.active:
@@ -95,7 +89,3 @@ class SummaryAdmin(ReadOnlyMixin, SummaryModelAdmin):
     @admin.display(description=_("covers"), ordering="to_seq")
     def covers(self, obj: Summary) -> str:
         return f"#{obj.from_seq}-{obj.to_seq}"
-
-    @admin.display(description=_("created"), ordering="created_at")
-    def created(self, obj: Summary) -> str:
-        return short_time(obj.created_at)

@@ -109,6 +109,12 @@ class CtxsumView(GenericAPIView[Any]):
             response.data["reason"] = str(exc.reason)
         return response
 
+    def validated(self, serializer: type[Serializer[Any]], **kwargs: Any) -> Any:
+        """The request's body as ``serializer`` validates it; a 400 when it does not."""
+        checked = serializer(data=self.request.data, **kwargs)
+        checked.is_valid(raise_exception=True)
+        return checked.validated_data
+
     def page_response(self, rows: QuerySet[Any], output: type[Serializer[Any]]) -> Response:
         """The requested page of ``rows``, each shaped by ``output``."""
         return self.get_paginated_response(output(self.paginate_queryset(rows), many=True).data)

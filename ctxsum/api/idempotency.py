@@ -1,15 +1,7 @@
 """The ``Idempotency-Key`` header: ``@idempotent`` on a view method of a conversation's
 endpoint (above its ``@schema.operation``) makes a retry with the same key answer what the
-first request answered, without running again.
-
-The key belongs to the user and the conversation; the request it names is its method, its
-view and its raw body. A first request claims the key, runs, and stores its answer when it
-is a success (2xx); any other answer gives the key back, since the request stored nothing
-and running it again is safe. A retry gets the stored answer, marked ``Idempotent-Replayed:
-true``; the same key on another request, or while the first one is still running, is a 409.
-The view hands ``self.idempotency`` (the claim) to a service whose write must never repeat,
-which marks the claim in the write's own transaction (``message_append(idempotency=…)``).
-See docs/architecture.md, "Idempotency keys".
+first request answered, without running again. A success is stored on the key; any other
+answer gives the key back. See docs/architecture.md, "Idempotency keys".
 """
 
 from __future__ import annotations
@@ -75,29 +67,23 @@ class InvalidIdempotencyKey(exceptions.APIException):
     default_code = "invalid_idempotency_key"
 
 
-class IdempotencyKeyReused(exceptions.APIException):
+class IdempotencyConflict(exceptions.APIException):
+    """Why a request may not run under its key now: its detail and code say which."""
+
     status_code = status.HTTP_409_CONFLICT
-    default_detail = KEY_REUSED
-    default_code = "idempotency_key_reused"
 
 
-class IdempotencyKeyInProgress(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = KEY_IN_PROGRESS
-    default_code = "idempotency_key_in_progress"
-
-
-class IdempotencyAnswerLost(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = ANSWER_LOST
-    default_code = "idempotency_key_answer_lost"
-
-
-REFUSALS: dict[Found, type[exceptions.APIException]] = {
-    Found.REUSED: IdempotencyKeyReused,
-    Found.IN_PROGRESS: IdempotencyKeyInProgress,
-    Found.ANSWER_LOST: IdempotencyAnswerLost,
+REFUSALS = {
+    Found.REUSED: (KEY_REUSED, "idempotency_key_reused"),
+    Found.IN_PROGRESS: (KEY_IN_PROGRESS, "idempotency_key_in_progress"),
+    Found.ANSWER_LOST: (ANSWER_LOST, "idempotency_key_answer_lost"),
 }
+
+
+def refusal(found: Found) -> IdempotencyConflict:
+    detail, code = REFUSALS[found]
+    return IdempotencyConflict(detail, code)
+
 
 Handler = Callable[..., Response | StreamingHttpResponse]
 
@@ -171,13 +157,13 @@ def idempotent(handler: Handler) -> Handler:
         if isinstance(found, Answer):
             return Response(found.data, status=found.status, headers={REPLAYED_HEADER: "true"})
         if isinstance(found, Found):
-            raise REFUSALS[found]
+            raise refusal(found)
         view.idempotency = found
         try:
             response = handler(view, request, *args, **kwargs)
         except LeaseLost as error:
             # An abandoned claim was taken over by a retry: that one runs, this one stops.
-            raise IdempotencyKeyInProgress from error
+            raise refusal(Found.IN_PROGRESS) from error
         except BaseException:
             key_release(found)
             raise

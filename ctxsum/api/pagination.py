@@ -1,9 +1,6 @@
-"""Pages of the API's lists: by number, 50 a page unless ``page_size`` says otherwise.
-
-A transcript is paged by seq: a conversation's seqs run 0, 1, … n-1 without gaps
-(docs/architecture.md, invariant (e)), so page *k* is a range of the (conversation, seq)
-index and the count is the newest seq + 1. No OFFSET and no COUNT(*), so the last page of a
-100,000-message transcript costs what the first one does.
+"""Pages of the API's lists: by number, 50 a page unless ``page_size`` says otherwise. A
+transcript is paged by seq range, its seqs being gapless (docs/architecture.md, invariant
+(e)): no OFFSET and no COUNT(*), so its last page costs what its first one does.
 """
 
 from __future__ import annotations

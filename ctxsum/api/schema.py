@@ -1,15 +1,10 @@
 """The OpenAPI description of the REST API, for drf-spectacular: what no serializer field says.
 
 Messages travel in OpenAI's chat format: the document holds ``ctxsum.message_schema``, the
-schema the service validates them with, each of its definitions a component. Each
-``RawSchema`` subclass is a component whose schema is written out (``build``) instead of
-derived from fields; serializers point at them with ``extend_schema_field`` and views with
-``extend_schema``. The extensions at the end describe
-the serializers whose answers are assembled by hand.
-
-Nothing here runs when a request is answered: it is read when a schema is generated, and it
-follows the project's ``SPECTACULAR_SETTINGS["OAS_VERSION"]`` (3.0 or 3.1) where the two
-spell null differently.
+schema the service validates them with, each of its definitions a component; the
+``RawSchema`` components are written out, and the extensions at the end describe the
+serializers whose answers are assembled by hand. Read only when a schema is generated, for
+the project's ``SPECTACULAR_SETTINGS["OAS_VERSION"]`` (3.0 or 3.1, which spell null apart).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from ctxsum.api.base import (
     seq_from_path,
     version_from_path,
 )
-from ctxsum.api.exceptions import SummarizerFailed
 from ctxsum.api.idempotency import idempotent
 from ctxsum.api.pagination import TranscriptPagination
 from ctxsum.api.serializers import (
@@ -44,12 +43,8 @@ from ctxsum.api.serializers import (
     SummaryOutputSerializer,
     read_after_write,
 )
-from ctxsum.exceptions import (
-    MessagesInvalid,
-    SummarizerError,
-)
+from ctxsum.exceptions import MessagesInvalid
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.policy import failure_reason
 
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:
@@ -120,12 +115,9 @@ class ConversationList(CtxsumView):
         on_conversation=False,
     )
     def post(self, request: Request) -> Response:
-        serializer = ConversationCreateInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        fields = _service_fields(self.validated(ConversationCreateInputSerializer))
         try:
-            conversation = services.conversation_create(
-                owner=request.user, **_service_fields(serializer.validated_data)
-            )
+            conversation = services.conversation_create(owner=request.user, **fields)
         except MessagesInvalid as error:
             raise exceptions.ValidationError({"messages": error.per_message}) from error
         except DjangoValidationError as error:
@@ -153,12 +145,9 @@ class ConversationDetail(CtxsumView):
     )
     def patch(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        serializer = ConversationInputSerializer(data=request.data, partial=True)
-        serializer.is_valid(raise_exception=True)
+        fields = _service_fields(self.validated(ConversationInputSerializer, partial=True))
         try:
-            services.conversation_update(
-                conversation=conversation, **_service_fields(serializer.validated_data)
-            )
+            services.conversation_update(conversation=conversation, **fields)
         except DjangoValidationError as error:
             raise _nest_policy_errors(error) from error
         return Response(_detail(conversation))
@@ -202,9 +191,7 @@ class MessageList(CtxsumView):
         conversation = self.get_conversation()
         batch = isinstance(request.data, dict) and "messages" in request.data
         if batch:
-            serializer = MessageBatchInputSerializer(data=request.data)
-            serializer.is_valid(raise_exception=True)
-            messages = serializer.validated_data["messages"]
+            messages = self.validated(MessageBatchInputSerializer)["messages"]
         else:
             messages = [request.data]
         try:
@@ -269,15 +256,10 @@ class ConversationCompact(CtxsumView):
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        serializer = CompactInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        try:
-            result = services.conversation_compact(
-                conversation=conversation, **serializer.validated_data
-            )
-        except SummarizerError as error:
-            # The provider's own words are in the attempt record and the log, not here.
-            raise SummarizerFailed(reason=failure_reason(error)) from error
+        options = self.validated(CompactInputSerializer)
+        # A SummarizerError is a 502 (api_exception): the provider's own words are in the
+        # attempt record and the log, not in the answer.
+        result = services.conversation_compact(conversation=conversation, **options)
         return Response(CompactionOutputSerializer(result).data)
 
 
@@ -301,10 +283,7 @@ class SummaryRebuild(CtxsumView):
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
         no_fields(request)
-        try:
-            rebuilt = services.conversation_rebuild(conversation=conversation)
-        except SummarizerError as error:
-            raise SummarizerFailed(reason=failure_reason(error)) from error
+        rebuilt = services.conversation_rebuild(conversation=conversation)
         active = _context_after_write(conversation)
         return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
 

@@ -10,14 +10,11 @@ from django.core.checks import CheckMessage, Error, Warning, register
 
 from ctxsum.chat.client import OPTIONS
 from ctxsum.chat.conf import chat_settings
+from ctxsum.checks import is_number
 from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS
 
 CHAT_POSITIVE_KEYS = ("CHAT_TIMEOUT", "CHAT_TURN_SECONDS")
 CHAT_LIMIT_KEYS = ("CHAT_MAX_CALLS_PER_CONVERSATION", "CHAT_MAX_CALLS_PER_USER_PER_DAY")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @register()
@@ -27,12 +24,12 @@ def chat_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     problems: list[str] = []
     for key in CHAT_POSITIVE_KEYS:
         value = getattr(chat_settings, key)
-        if not _is_number(value) or value <= 0:
+        if not is_number(value) or value <= 0:
             problems.append(f"CTXSUM[{key!r}] must be a positive number, not {value!r}.")
     retries, backoff = chat_settings.CHAT_RETRIES, chat_settings.CHAT_RETRY_BACKOFF
     if type(retries) is not int or retries < 0:
         problems.append(f"CTXSUM['CHAT_RETRIES'] must be an integer >= 0, not {retries!r}.")
-    if not _is_number(backoff) or backoff < 0:
+    if not is_number(backoff) or backoff < 0:
         problems.append(f"CTXSUM['CHAT_RETRY_BACKOFF'] must be a number >= 0, not {backoff!r}.")
     for key in CHAT_LIMIT_KEYS:
         value = getattr(chat_settings, key)

@@ -1,17 +1,12 @@
 """The chat model's client: one chat completions request, plain or streamed, against any
-OpenAI-compatible base URL (``CHAT_OPTIONS``).
-
-Beside ``ctxsum.summarizers.openai`` this is the only module that imports ``openai``. It
-makes exactly one HTTP request per call (the client's own retries are off): the turn's
-model calls (``ctxsum.chat.model_calls``) retry transient errors and fall back to other
-models themselves, so every attempt is visible to them and to their tests. Every failure
-is a ``ModelError`` that says whether another try could succeed.
+OpenAI-compatible base URL (``CHAT_OPTIONS``), with the client's own retries off: the turn's
+model calls (``ctxsum.chat.model_calls``) retry and fall back themselves, so they see every
+attempt. Every failure is a ``ModelError`` that says whether another try could succeed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,7 +17,7 @@ import openai
 from ctxsum.chat.completions import Usage, reply_message
 from ctxsum.chat.conf import chat_settings
 from ctxsum.chat.exceptions import ModelError
-from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS, PLACEHOLDER_API_KEY, error_detail
+from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS, error_detail, openai_client
 
 OPTIONS = frozenset({"base_url", "api_key", "extra_body", "max_tokens_param"})
 # Statuses worth another try: timeout, conflict (a lock on the provider's side), rate
@@ -62,18 +57,8 @@ def chat_client() -> openai.OpenAI:
         return cached[1]
     with _lock:
         if _cached is None or _cached[0] != key:
-            base_url = options.get("base_url") or None
-            api_key = options.get("api_key") or None
-            has_base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-            if api_key is None and not os.environ.get("OPENAI_API_KEY") and has_base_url:
-                api_key = PLACEHOLDER_API_KEY
             try:
-                client = openai.OpenAI(
-                    api_key=api_key,
-                    base_url=base_url,
-                    timeout=chat_settings.CHAT_TIMEOUT,
-                    max_retries=0,
-                )
+                client = openai_client(options, timeout=chat_settings.CHAT_TIMEOUT)
             except openai.OpenAIError as exc:
                 raise ModelError(f"{CALL_FAILED} {exc}", cause=exc) from exc
             _cached = (key, client)

@@ -1,12 +1,6 @@
-"""What a chat turn sends to the model and makes of its answer: pure, no ORM, no I/O.
-
-- ``turn_message_clean``: the turn's new message, checked like any appended message, and a
-  role a turn can start from (a user message, or one tool result);
-- ``options_clean``: the request options a client may pass through (``model``, ``tools``,
-  ``tool_choice``, ``temperature``, ``max_completion_tokens``), checked field by field so a
-  bad one is a 400 naming it, never a provider error or a 500;
-- ``Usage`` and ``ReplyBuilder``: the provider's usage, and a streamed reply put together
-  from its chunks (content, refusal and tool-call deltas, the finish reason, the usage chunk).
+"""What a chat turn sends to the model and makes of its answer: pure, no ORM, no I/O. The
+turn's message and options are checked field by field, so a bad one is a 400 naming it,
+never a provider error or a 500; a streamed reply is put together from its chunks.
 """
 
 from __future__ import annotations
@@ -259,9 +253,7 @@ class ReplyBuilder:
         return reply_message(content=content, refusal=refusal or None, tool_calls=calls)
 
 
-def reply_message(
-    *, content: Any, refusal: Any = None, tool_calls: Any = None
-) -> dict[str, Any]:
+def reply_message(*, content: Any, refusal: Any = None, tool_calls: Any = None) -> dict[str, Any]:
     """An assistant message with only the fields the reply has."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:

@@ -1,11 +1,8 @@
-"""The chat model call of a turn, with retries and fallbacks: the primary model first, each
-transient error (429, 408, 409, 5xx, timeout, connection) retried CHAT_RETRIES times with a
-doubling backoff, then the next model of CHAT_FALLBACK_MODELS, and so on. Any other error
-moves on to the next model at once (another model may take what this one refused). The
-summarizer never comes through here: it makes one attempt (ctxsum/services/summaries.py).
-
-A stream is retried only while none of its chunks has been passed on: once the client has
-seen part of a reply, another model's reply cannot follow it.
+"""The chat model call of a turn: the primary model, each transient error (429, 408, 409,
+5xx, timeout, connection) retried CHAT_RETRIES times with a doubling backoff, then each of
+CHAT_FALLBACK_MODELS; any other error moves on to the next model at once. A stream is
+retried only until one of its chunks has been passed on. The summarizer never comes
+through here: it makes one attempt.
 """
 
 from __future__ import annotations

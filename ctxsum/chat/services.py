@@ -1,22 +1,8 @@
 """The chat turn: one model call on a conversation's active context, stored with the message
-it answers.
-
-The order (docs/architecture.md, "The chat turn"):
-1. check the new message and the options: a bad one is refused before anything happens;
-2. reserve: the conversation's turn lock and one call of each limit (turns.py);
-3. compact, through the compaction lease, if the context with the new message reaches the
-   trigger or the ceiling; the summarizer call is never counted nor retried;
-4. refuse with ContextTooLong when the context with the new message is still over
-   MAX_CONTEXT_TOKENS;
-5. call the model with retries and fallbacks (model_calls.py), outside every
-   transaction, plain or streamed;
-6. store the new message and the reply in one transaction, under the row lock and the turn
-   lock, through the append machinery (validation, token counts, tool-call index), with the
-   turn's usage, releasing the turn lock in the same transaction.
-Any failure after step 2 gives the reservation back; nothing of the turn is stored. Steps 3
-to 6 plan from the row as read after step 2, never from the caller's instance. Once step 6
-has committed the turn is a success: what follows it (the ``messages_appended`` signal) is
-logged when it fails, never raised.
+it answers. Its steps (check, reserve, compact, ceiling, model call, commit) are in
+docs/architecture.md, "The chat turn": any failure after the reservation gives it back and
+stores nothing; once the commit is done the turn is a success, and what follows it (the
+``messages_appended`` signal) is logged when it fails, never raised.
 """
 
 from __future__ import annotations

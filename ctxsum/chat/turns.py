@@ -1,16 +1,8 @@
-"""A chat turn's reservation: the conversation's turn lock and a model call counted
-against the limits, taken together before anything else of the turn happens.
-
-Taken with conditional UPDATEs, so the row counts say who won: one on the conversation's
-chat state (its turn lock, a ``RowLease`` on ``ChatState.turn_owner`` and
-``turn_started_at``, is free or abandoned, and its calls are under
-CHAT_MAX_CALLS_PER_CONVERSATION), one on the user's row
-of the day (under CHAT_MAX_CALLS_PER_USER_PER_DAY), in one short transaction: two turns
-racing for the last call cannot both win, and a refusal of the second undoes the first.
-The reservation is given back (lock released, both counts decremented) when the turn
-fails, and the lock alone is released by the commit that stores the turn. A lock left by a
-worker that died mid-turn is taken over after CHAT_TURN_SECONDS; its call stays counted:
-the provider may well have billed it.
+"""A chat turn's reservation: the conversation's turn lock (a ``RowLease`` on its chat
+state) and one model call of each limit, taken by conditional UPDATEs in one short
+transaction, so two turns racing for the last call cannot both win (docs/architecture.md,
+"The chat turn", step 2). A failed turn gives it all back; a lock its dead worker left is
+taken over after CHAT_TURN_SECONDS, its call still counted: the provider may have billed it.
 """
 
 from __future__ import annotations

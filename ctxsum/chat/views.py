@@ -61,9 +61,7 @@ class ConversationChat(CtxsumView):
     )
     def post(self, request: Request, pk: str) -> Response | StreamingHttpResponse:
         conversation = self.get_conversation()
-        serializer = ChatInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        fields = {k: v for k, v in serializer.validated_data.items() if v is not None}
+        fields = {k: v for k, v in self.validated(ChatInputSerializer).items() if v is not None}
         stream = fields.pop("stream", False)
         try:
             result = chat_turn(

@@ -1,27 +1,12 @@
 """A person's writes to key facts: adding one, changing its value, key or pin, deleting it.
 
 The summarizer writes facts during compaction (``ctxsum.facts.merge``); these are the
-writes of a person, over REST or in the admin. Each is one transaction that follows the
-facts block's lock order (``ctxsum.facts.block``): for a subject's fact the owner's user
-row first (FOR NO KEY UPDATE, ``owner_lock``), then the conversations that show the fact in
-primary-key order, then the fact's row. Under those locks it writes, recounts each
-conversation's facts block (``facts_recount``: ``facts_tokens``, ``active_tokens``) and
-moves each one's ``revision`` once, since the facts a conversation sees are part of it.
-
-A person's write marks the fact as theirs: ``changed_by = "person"``, ``changed_by_user``,
-``confirmed_at`` now. The model never overwrites such a fact; what it would write instead
-waits in ``proposed_value``. Writing a value (the proposed one, the same one, or another)
-settles the proposal and clears it. A new key or value is the person's, not a summary's:
-``summary`` becomes NULL; pinning or unpinning keeps it, since the value is still the one
-that version wrote. ``source_seqs`` and ``source_conversation`` stay: where the fact came
-from, for a reviewer. Keys are normalized like the summarizer's (``Order ID`` is
-``order_id``), so a person's fact and the model's are one fact.
-
-Why the owner's row: a conversation that starts naming a subject must not miss a subject
-fact a person writes at the same moment (its recount would not see the uncommitted fact,
-and the fact's writer would not lock a conversation that did not name the subject yet).
-Subject facts a person writes and conversations' subjects therefore change one at a time
-per owner.
+writes of a person, over REST or in the admin. Each is one transaction in the facts block's
+lock order (the owner's row for a subject's fact, then the conversations that show the fact,
+then the fact), which recounts each conversation's facts block and moves its ``revision``.
+A person's write marks the fact ``changed_by = "person"``: the model never overwrites it
+again, and proposes instead (``proposed_value``). docs/architecture.md, "Key facts", says why
+the owner's row is locked and what each write keeps.
 """
 
 from __future__ import annotations
@@ -141,8 +126,8 @@ def facts_clean(**fields: Any) -> dict[str, Any]:
 
 def owner_lock(*, db: str, owner_id: Any) -> None:
     """Lock the owner's user row, inside the caller's transaction, before any conversation:
-    subject facts and conversations' subjects change one at a time per owner (see the
-    module's docstring).
+    subject facts and conversations' subjects change one at a time per owner, so that a
+    conversation that starts naming a subject never misses a fact written meanwhile.
 
     FOR NO KEY UPDATE, not FOR UPDATE: a transaction that inserts a row pointing to the
     user (a compaction's new fact, a chat turn's call count) takes FOR KEY SHARE on this row

@@ -1,15 +1,7 @@
 """Idempotency keys: a request sent with a key runs once; a retry with the same key is
-answered with the first answer, and stores nothing new.
-
-A request claims its key with one INSERT (the unique constraint on owner, conversation and
-key decides between concurrent requests): a ``RowLease`` on ``token`` and ``claimed_at``.
-It runs, and stores its answer on the claim (``key_answer``); one that answered an error
-gives the claim back (``key_release``). A write that must never be repeated marks the claim
-applied inside its own transaction (``key_applied``): the write and the mark commit
-together or not at all. A claim whose request never answered is abandoned after
-``IDEMPOTENCY_CLAIM_SECONDS``, and a retry takes it over, unless it was applied: then the
-write stands, and the retry is told its answer was lost rather than run again. Keys expire
-``IDEMPOTENCY_KEY_SECONDS`` after their claim.
+answered with the first answer, and stores nothing new. A claim is a ``RowLease`` on
+``token`` and ``claimed_at``, taken with one INSERT (the unique constraint decides between
+concurrent requests); docs/architecture.md, "Idempotency keys", tells the whole life of a key.
 """
 
 from __future__ import annotations

@@ -147,15 +147,8 @@ class OpenAISummarizer(Summarizer):
         return self._client
 
     def _build_client(self) -> openai.OpenAI:
-        base_url = self.options.get("base_url") or None
-        api_key = self.options.get("api_key") or None
-        has_base_url = base_url or os.environ.get("OPENAI_BASE_URL")
-        if api_key is None and not os.environ.get("OPENAI_API_KEY") and has_base_url:
-            api_key = PLACEHOLDER_API_KEY
         try:
-            return openai.OpenAI(
-                api_key=api_key, base_url=base_url, timeout=self.timeout, max_retries=0
-            )
+            return openai_client(self.options, timeout=self.timeout)
         except openai.OpenAIError as exc:
             raise SummarizerError(f"{CLIENT_FAILED} {exc}", cause=exc) from exc
 
@@ -233,31 +226,23 @@ class OpenAISummarizer(Summarizer):
         return _answer(response, max_tokens=self.max_tokens, facts_format=facts_format)
 
     def check(self) -> list[checks.CheckMessage]:
-        errors: list[checks.CheckMessage] = []
         obj = self.dotted_path()
-        errors.extend(self.unknown_options(OPTIONS))
+        wrong: list[tuple[str, str]] = []  # each option of the wrong type, or not one allowed
         for name, (types, expected) in _OPTION_TYPES.items():
             value = self.options.get(name)
             if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
-                errors.append(
-                    checks.Error(
-                        BAD_OPTION.format(name=name, expected=expected), obj=obj, id=E_BAD_OPTION
-                    )
-                )
+                wrong.append((name, expected))
         for name, allowed in (
             ("max_tokens_param", MAX_TOKENS_PARAMS),
             ("facts_format", FACTS_FORMATS),
         ):
             value = self.options.get(name)
             if isinstance(value, str) and value not in allowed:
-                expected = " or ".join(repr(choice) for choice in allowed)
-                errors.append(
-                    checks.Error(
-                        BAD_OPTION.format(name=name, expected=expected),
-                        obj=obj,
-                        id=E_BAD_OPTION,
-                    )
-                )
+                wrong.append((name, " or ".join(repr(choice) for choice in allowed)))
+        errors = self.unknown_options(OPTIONS) + [
+            checks.Error(BAD_OPTION.format(name=name, expected=expected), obj=obj, id=E_BAD_OPTION)
+            for name, expected in wrong
+        ]
         has_key = self.options.get("api_key") or os.environ.get("OPENAI_API_KEY")
         has_base_url = self.options.get("base_url") or os.environ.get("OPENAI_BASE_URL")
         if not has_key and not has_base_url:
@@ -273,6 +258,18 @@ class OpenAISummarizer(Summarizer):
                 )
             )
         return errors
+
+
+def openai_client(options: Mapping[str, Any], *, timeout: float) -> openai.OpenAI:
+    """A client of ``options``' ``base_url`` and ``api_key`` (else OPENAI_BASE_URL and
+    OPENAI_API_KEY) that makes one attempt per call: the callers retry, if at all. Raises
+    openai.OpenAIError."""
+    base_url = options.get("base_url") or None
+    api_key = options.get("api_key") or None
+    has_base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+    if api_key is None and not os.environ.get("OPENAI_API_KEY") and has_base_url:
+        api_key = PLACEHOLDER_API_KEY
+    return openai.OpenAI(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
 
 
 class MalformedResponse(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import exceptions, status
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -14,7 +14,6 @@ from ctxsum.api.base import CtxsumView, subject_from_path
 from ctxsum.api.idempotency import idempotent
 from ctxsum.facts import selectors as fact_selectors
 from ctxsum.facts import services
-from ctxsum.facts.api.errors import FACT_NOT_FOUND
 from ctxsum.facts.api.paths import FACT_ID, fact_id_from_path
 from ctxsum.facts.api.serializers import (
     FactCreateInputSerializer,
@@ -80,11 +79,8 @@ class ConversationFactList(CtxsumView):
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        serializer = FactCreateInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        fact = services.fact_add(
-            user=request.user, conversation=conversation, **serializer.validated_data
-        )
+        fields = self.validated(FactCreateInputSerializer)
+        fact = services.fact_add(user=request.user, conversation=conversation, **fields)
         return _answer(_seen(conversation), fact.pk, status=status.HTTP_201_CREATED)
 
 
@@ -95,10 +91,7 @@ class ConversationFactDetail(CtxsumView):
         """The facts the conversation sees, and the one the path names among them."""
         number = fact_id_from_path(fact_id)
         seen = _seen(self.get_conversation())
-        try:
-            return seen, seen.get(number)
-        except Fact.DoesNotExist as error:
-            raise exceptions.NotFound(FACT_NOT_FOUND) from error
+        return seen, seen.get(number)  # a missing fact is a 404 (fact_errors)
 
     @schema.operation(
         "facts_retrieve",
@@ -122,9 +115,8 @@ class ConversationFactDetail(CtxsumView):
     )
     def patch(self, request: Request, pk: str, fact_id: str) -> Response:
         _, fact = self._fact(fact_id)
-        serializer = FactInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        services.fact_change(fact=fact, user=request.user, **serializer.validated_data)
+        fields = self.validated(FactInputSerializer)
+        services.fact_change(fact=fact, user=request.user, **fields)
         return _answer(_seen(self.get_conversation()), fact.pk)
 
     @schema.operation(
@@ -183,9 +175,8 @@ class SubjectFactList(SubjectView):
     )
     def post(self, request: Request, subject: str) -> Response:
         name = self.subject()
-        serializer = FactCreateInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        fact = services.fact_add(user=request.user, subject=name, **serializer.validated_data)
+        fields = self.validated(FactCreateInputSerializer)
+        fact = services.fact_add(user=request.user, subject=name, **fields)
         created = self.facts().get(pk=fact.pk)
         return Response(FactOutputSerializer(created).data, status=status.HTTP_201_CREATED)
 
@@ -194,11 +185,7 @@ class SubjectFactDetail(SubjectView):
     serializer_class = FactInputSerializer
 
     def _fact(self, fact_id: str) -> Fact:
-        number = fact_id_from_path(fact_id)
-        try:
-            fact: Fact = self.facts().get(pk=number)
-        except Fact.DoesNotExist as error:
-            raise exceptions.NotFound(FACT_NOT_FOUND) from error
+        fact: Fact = self.facts().get(pk=fact_id_from_path(fact_id))  # missing: fact_errors' 404
         return fact
 
     @schema.operation(
@@ -223,9 +210,8 @@ class SubjectFactDetail(SubjectView):
     )
     def patch(self, request: Request, subject: str, fact_id: str) -> Response:
         fact = self._fact(fact_id)
-        serializer = FactInputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        services.fact_change(fact=fact, user=request.user, **serializer.validated_data)
+        fields = self.validated(FactInputSerializer)
+        services.fact_change(fact=fact, user=request.user, **fields)
         return Response(FactOutputSerializer(self._fact(fact_id)).data)
 
     @schema.operation(
