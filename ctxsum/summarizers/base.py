@@ -81,7 +81,8 @@ class Summarizer(ABC):
         facts, the summary alone."""
         result: Any = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
         if not summary_facts_wanted():
-            return SummaryAnswer(summary=_text(result))
+            text = result.summary if isinstance(result, SummaryAnswer) else result
+            return SummaryAnswer(summary=text)
         if isinstance(result, SummaryAnswer):
             return result
         return SummaryAnswer(
@@ -120,8 +121,3 @@ class Summarizer(ABC):
         # Summarizing nothing can only produce an invented summary.
         if not history or not history.strip():
             raise SummarizerError(BLANK_INPUT)
-
-
-def _text(result: Any) -> Any:
-    """The summary of what ``summarize()`` returned: its text, or a ``SummaryAnswer``'s."""
-    return result.summary if isinstance(result, SummaryAnswer) else result

@@ -129,9 +129,6 @@ class OpenAISummarizer(Summarizer):
     default, ``"json_schema"`` or ``"off"``; see ``FACTS_FORMATS``).
     """
 
-    requires_network: ClassVar[bool] = True
-    deterministic: ClassVar[bool] = False
-
     _client: openai.OpenAI | None = None
     # Held only while an instance creates its client, so one lock serves every instance.
     _client_lock: ClassVar[threading.Lock] = threading.Lock()
