@@ -35,76 +35,82 @@ Write a concise summary that keeps:
 Drop greetings, small talk and repetition. Write plain prose or short bullet points, in the \
 language of the conversation, with no preamble."""
 
-DEFAULTS: dict[str, Any] = {
+
+class Defaults:
+    """Every key of ``CTXSUM``: the type of a valid value (checks.py reports the invalid
+    ones) and its default."""
+
     # When to compact: {"messages": N, "tokens": N}; one or both keys. With both, both must
     # be reached. Counts the active context as sent (system message, summary and key facts
     # block included).
-    "TRIGGER": {"tokens": 12000},
+    TRIGGER: dict[str, int] = {"tokens": 12000}
     # The most to keep verbatim: exactly one of {"messages": N} or {"tokens": N}. When
     # keeping it would leave the context at the trigger, fewer messages are kept.
-    "KEEP": {"messages": 10},
+    KEEP: dict[str, int] = {"messages": 10}
     # Where a compaction that has to keep fewer than KEEP aims: this fraction of the
     # trigger, so the next append does not compact again at once (0 < ratio < 1).
-    "TARGET_RATIO": 0.5,
+    TARGET_RATIO: float = 0.5
     # Hard ceiling on the active context's tokens (None: no ceiling). Reaching past it
     # compacts, and a compaction keeps fewer messages rather than stay above it.
-    "MAX_CONTEXT_TOKENS": None,
+    MAX_CONTEXT_TOKENS: int | None = None
     # Chat model of a conversation that names none; also picks the tiktoken encoding.
-    "DEFAULT_MODEL": "gpt-4o-mini",
+    DEFAULT_MODEL: str = "gpt-4o-mini"
     # A tiktoken encoding name that overrides the model's own (e.g. "o200k_base").
-    "ENCODING": None,
+    ENCODING: str | None = None
     # Dotted path of the summarizer backend class (see ctxsum.summarizers).
-    "SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer",
+    SUMMARIZER: type[Summarizer] = "ctxsum.summarizers.offline.OfflineSummarizer"  # type: ignore[assignment]
     # Options handed to the summarizer backend.
-    "SUMMARIZER_OPTIONS": {},
+    SUMMARIZER_OPTIONS: dict[str, Any] = {}
     # The model that writes summaries; blank: the conversation's own chat model.
-    "SUMMARY_MODEL": "gpt-4o-mini",
+    SUMMARY_MODEL: str = "gpt-4o-mini"
     # Seconds before a summarizer call fails.
-    "SUMMARY_TIMEOUT": 60,
+    SUMMARY_TIMEOUT: float = 60
     # Hard cap on the summarizer's answer, in tokens; an answer cut off there is a failure.
     # The prompt asks for at most 3/4 of it (less when what is replaced is small).
-    "SUMMARY_MAX_TOKENS": 1024,
+    SUMMARY_MAX_TOKENS: int = 1024
     # Tokens of formatted history one summarizer call may receive; larger histories are
     # summarized in chunks, each chunk's summary feeding the next.
-    "SUMMARY_INPUT_BUDGET": 24000,
+    SUMMARY_INPUT_BUDGET: int = 24000
     # The instruction the summarizer receives, and its version (stored with every summary).
-    "PROMPT": DEFAULT_PROMPT,
-    "PROMPT_VERSION": "1",
+    PROMPT: str = DEFAULT_PROMPT
+    PROMPT_VERSION: str = "1"
     # The summary enters the context as a user message starting with this text.
-    "SUMMARY_PREFIX": "Here is a summary of the conversation so far:",
+    SUMMARY_PREFIX: str = "Here is a summary of the conversation so far:"
     # Key facts (ctxsum.facts.models.Fact) enter the context as one user message after the
     # summary, pinned facts first, then the most recently confirmed, up to this many tokens
     # (0: no facts block). The trigger counts the block like any message.
-    "FACTS_MAX_TOKENS": 500,
+    FACTS_MAX_TOKENS: int = 500
     # Compact automatically after an append that reaches the trigger: a compaction task is
     # enqueued once the append commits (COMPACTION_RUNNER). Only a context over
     # MAX_CONTEXT_TOKENS is compacted at once, in the appending process, after the commit.
-    "AUTO_COMPACT": True,
+    AUTO_COMPACT: bool = True
     # What runs an automatic compaction: "tasks" (Django's tasks framework, the task
     # ctxsum.tasks.compact_conversation on the TASKS backend), "celery" (the Celery task in
     # ctxsum.celery_tasks), "sync" (the appending process, right after the commit), or the
     # dotted path of a callable(conversation_id: str, database: str) that enqueues it. The
     # "tasks" and "celery" tasks defer a check of themselves that retries a compaction lost
     # with its worker; a callable of your own defers nothing: schedule ctxsum_compact --due.
-    "COMPACTION_RUNNER": "tasks",
+    COMPACTION_RUNNER: str = "tasks"
     # Seconds a compaction lease holds without renewal (it is renewed before every
     # summarizer call); then another worker may take it over. None: SUMMARY_TIMEOUT + 5.
-    "LEASE_SECONDS": None,
+    LEASE_SECONDS: float | None = None
     # Largest message (its JSON, in bytes), largest batch, largest request body (bytes).
-    "MAX_MESSAGE_BYTES": 1024 * 1024,
-    "MAX_BATCH_MESSAGES": 1000,
+    MAX_MESSAGE_BYTES: int = 1024 * 1024
+    MAX_BATCH_MESSAGES: int = 1000
     # Django's own default for DATA_UPLOAD_MAX_MEMORY_SIZE, which must be at least this
     # (ctxsum.E013): raise both together for larger bodies.
-    "MAX_BODY_BYTES": 2_621_440,
+    MAX_BODY_BYTES: int = 2_621_440
     # Seconds an Idempotency-Key and its answer are kept: a retry within them is answered
     # from the first request; after them the key is free again (and ctxsum_cleanup_idempotency
     # deletes it).
-    "IDEMPOTENCY_KEY_SECONDS": 24 * 60 * 60,
+    IDEMPOTENCY_KEY_SECONDS: float = 24 * 60 * 60
     # Seconds after which a request that claimed a key and never answered (its worker died)
     # is given up: a retry may then run it again, unless its write was applied. Longer than
     # any request takes, a compaction's summarizer calls included.
-    "IDEMPOTENCY_CLAIM_SECONDS": 10 * 60,
-}
+    IDEMPOTENCY_CLAIM_SECONDS: float = 10 * 60
+
+
+DEFAULTS: dict[str, Any] = {name: getattr(Defaults, name) for name in Defaults.__annotations__}
 
 IMPORT_STRINGS = ("SUMMARIZER",)
 # The keys of an optional app, by their prefix: without the app installed such a key is
@@ -114,38 +120,18 @@ APP_PREFIXES = {"CHAT_": "ctxsum.chat"}
 _readers: list[CtxsumSettings] = []
 
 
-class CtxsumSettings:
+# To the type checker a settings object has the attributes of its defaults; at run time
+# it reads each through __getattr__, from the CTXSUM dict or the default.
+if TYPE_CHECKING:
+    _Typed = Defaults
+else:
+    _Typed = object
+
+
+class CtxsumSettings(_Typed):
     """Attribute access to the ``CTXSUM`` dict with ``defaults``; unknown keys raise. An
     optional app reads its own keys of the same dict through a subclass with its defaults
-    (``ctxsum.chat.conf``).
-
-    The annotations give the type of a valid value; checks.py reports the invalid ones.
-    """
-
-    TRIGGER: dict[str, int]
-    KEEP: dict[str, int]
-    TARGET_RATIO: float
-    MAX_CONTEXT_TOKENS: int | None
-    DEFAULT_MODEL: str
-    ENCODING: str | None
-    SUMMARIZER: type[Summarizer]
-    SUMMARIZER_OPTIONS: dict[str, Any]
-    SUMMARY_MODEL: str
-    SUMMARY_TIMEOUT: float
-    SUMMARY_MAX_TOKENS: int
-    SUMMARY_INPUT_BUDGET: int
-    PROMPT: str
-    PROMPT_VERSION: str
-    SUMMARY_PREFIX: str
-    FACTS_MAX_TOKENS: int
-    AUTO_COMPACT: bool
-    COMPACTION_RUNNER: str
-    LEASE_SECONDS: float | None
-    MAX_MESSAGE_BYTES: int
-    MAX_BATCH_MESSAGES: int
-    MAX_BODY_BYTES: int
-    IDEMPOTENCY_KEY_SECONDS: float
-    IDEMPOTENCY_CLAIM_SECONDS: float
+    (``ctxsum.chat.conf``)."""
 
     def __init__(
         self, defaults: dict[str, Any] | None = None, import_strings: tuple[str, ...] = ()

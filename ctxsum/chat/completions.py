@@ -169,9 +169,6 @@ def unanswered_calls(messages: list[dict[str, Any]]) -> list[str]:
     return pending
 
 
-# --------------------------------------------------------------------------- answers
-
-
 @dataclass(frozen=True, kw_only=True)
 class Usage:
     """Tokens as the provider reported them; None where it reported nothing."""

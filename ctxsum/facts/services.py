@@ -64,9 +64,6 @@ CHANGED_FIELDS = (
 )
 
 
-# --------------------------------------------------------------------------- validation
-
-
 def _text(value: Any, *, limit: int, one_line: bool) -> tuple[str, str | None]:
     """``value`` stripped, and what is wrong with it (or None)."""
     if not isinstance(value, str):
@@ -119,9 +116,6 @@ def facts_clean(**fields: Any) -> dict[str, Any]:
     if errors:
         raise ValidationError(errors)
     return cleaned
-
-
-# --------------------------------------------------------------------------- locks
 
 
 def owner_lock(*, db: str, owner_id: Any) -> None:
@@ -182,9 +176,6 @@ def _save(db: str, fact: Fact, **kwargs: Any) -> None:
         if _has_key(db, fact):
             raise _duplicate(fact) from error
         raise
-
-
-# --------------------------------------------------------------------------- writes
 
 
 def fact_add(
