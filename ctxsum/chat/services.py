@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import asdict, dataclass
 from typing import Any, Literal, overload
 
 from django.db import transaction
@@ -34,12 +33,11 @@ from ctxsum.exceptions import MessagesInvalid
 from ctxsum.models import Conversation, Message
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy
 from ctxsum.services.autocompact import AutoCompaction, autocompact_schedule
-from ctxsum.services.compaction import active_summary_is, conversation_compact
+from ctxsum.services.compaction import active_summary_is, conversation_compact, signal_after_commit
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
 from ctxsum.services.row_lease import LeaseLost
-from ctxsum.services.transactions import after_commit, write_db
-from ctxsum.signals import messages_appended
+from ctxsum.services.transactions import write_db
 
 # The Python API of the chat turn (README, "The Python API").
 __all__ = ["ChatResult", "ChatStream", "chat_turn"]
@@ -353,10 +351,7 @@ def _commit(
             model=attempts.model,
             attempts=attempts.count,
             fallbacks=attempts.index,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            total_tokens=usage.total_tokens,
+            **asdict(usage),  # prompt, completion, cached and total tokens
             latency_ms=attempts.latency_ms,
             streamed=streamed,
             finish_reason=finish_reason[:32],
@@ -366,10 +361,7 @@ def _commit(
         # queued for after the commit (never one in this process: the reply is waiting;
         # the next turn compacts before its call if none has run by then).
         autocompact_schedule(locked)
-        send = partial(
-            messages_appended.send, sender=Conversation, conversation=locked, messages=stored
-        )
-        after_commit(send, using=db, what=f"messages_appended of conversation {locked.pk}")
+        signal_after_commit("messages_appended", locked, db=db, messages=stored)
     caller = turn.caller or conversation
     caller.update_from(locked)
     return ChatResult(conversation=caller, messages=stored, turn=record, compaction=turn.compaction)

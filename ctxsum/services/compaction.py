@@ -16,6 +16,7 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.db.models import Max, Q
 
+from ctxsum import signals
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
@@ -26,7 +27,6 @@ from ctxsum.selectors import ActiveContext, context_get, conversation_policy, cu
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
 from ctxsum.services.transactions import after_commit, write_db
-from ctxsum.signals import compaction_failed, summary_created
 
 logger = logging.getLogger("ctxsum.compaction")
 
@@ -245,14 +245,7 @@ def _commit(
             from_seq=archived[0].seq,
             to_seq=archived[-1].seq,
         )
-        send = partial(
-            summary_created.send,
-            sender=Conversation,
-            conversation=locked,
-            summary=summary,
-            attempt=attempt,
-        )
-        after_commit(send, using=run.db, what=f"summary_created of conversation {locked.pk}")
+        signal_after_commit("summary_created", locked, db=run.db, summary=summary, attempt=attempt)
     return summary, attempt
 
 
@@ -473,12 +466,15 @@ def _failed(run: _Run, error: BaseException) -> None:
     failure_log(error)("Compaction of conversation %s failed: %s", run.conversation.pk, error)
     detail = f"{type(error).__name__}: {error}"
     attempt = _record(run, Outcome.FAILED, reason, archived=run.archived, error=detail)
-    send = partial(
-        compaction_failed.send,
-        sender=Conversation,
-        conversation=run.conversation,
-        attempt=attempt,
-        error=error,
+    signal_after_commit(
+        "compaction_failed", run.conversation, db=run.db, attempt=attempt, error=error
     )
-    what = f"compaction_failed of conversation {run.conversation.pk}"
-    after_commit(send, using=run.db, what=what)
+
+
+def signal_after_commit(name: str, conversation: Conversation, *, db: str, **kwargs: Any) -> None:
+    """Send the signal ``name`` of ``ctxsum.signals`` for ``conversation`` once the
+    transaction on ``db`` commits; a receiver's error is logged (``after_commit``)."""
+    send = partial(
+        getattr(signals, name).send, sender=Conversation, conversation=conversation, **kwargs
+    )
+    after_commit(send, using=db, what=f"{name} of conversation {conversation.pk}")

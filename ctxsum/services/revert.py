@@ -21,10 +21,9 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import Reason
 from ctxsum.selectors import SUMMARY_HEAVY
 from ctxsum.services.autocompact import withheld_rebuild
-from ctxsum.services.compaction import active_summary_is, commit_save
+from ctxsum.services.compaction import active_summary_is, commit_save, signal_after_commit
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
-from ctxsum.services.transactions import after_commit, write_db
-from ctxsum.signals import summary_reverted
+from ctxsum.services.transactions import write_db
 
 NOT_ACTIVE = _(
     "Version {version} is not the active summary (the active one is v{active}); only the "
@@ -136,15 +135,9 @@ def _commit(
             from_seq=restored[0].seq if restored else None,
             to_seq=restored[-1].seq if restored else None,
         )
-        send = partial(
-            summary_reverted.send,
-            sender=Conversation,
-            conversation=locked,
-            summary=target,
-            restored=previous,
-            attempt=attempt,
+        signal_after_commit(
+            "summary_reverted", locked, db=db, summary=target, restored=previous, attempt=attempt
         )
-        after_commit(send, using=db, what=f"summary_reverted of conversation {locked.pk}")
         if previous is not None and previous.covers_redacted:
             # Back to a version withheld after a redaction: rebuilt by itself (invariant f).
             transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)
