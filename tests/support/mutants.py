@@ -2,7 +2,7 @@
 redaction and the facts block, and a runner that applies them one at a time and runs the
 tests that should notice.
 
-    python -m tests.support.mutants [--list] [--only NAME]... [--output results.json]
+    python -m tests.support.mutants [--list] [--only NAME]... [--jobs N] [--output results.json]
     python -m tests.support.mutants --check
 
 Each mutant replaces one exact snippet of a source file with a small, plausible mistake (a
@@ -10,21 +10,25 @@ Each mutant replaces one exact snippet of a source file with a small, plausible 
 its file, or the run fails before anything is changed: the table is checked against the
 code every time, so it cannot drift from it silently. ``--check`` does only that (in well
 under a second) and exits 1 naming every mutant whose snippet no longer matches; it is a
-step of ``.ci/run``.
+step of ``.ci/run``, and so is the whole run.
 
-A mutant is applied by rewriting its file in place; its pytest selection then runs in a
-subprocess (``-x -q -p no:cacheprovider``), and the file is restored in a ``finally`` with
-its original bytes and timestamps, which are compared afterwards. A selection that fails
-kills the mutant; one that passes lets it survive. A mutant no test can tell from the code
-(an equivalent one) carries a ``survives`` note saying why, and docs/testing.md explains
-it: it is expected to survive, and is reported as stale if a test ever kills it.
+The run copies the checkout once per worker (``--jobs``, default the number of CPUs: what
+git tracks or would track, into a temporary folder) and never changes the checkout itself.
+A worker takes the next mutant, rewrites its file in its own copy, runs the mutant's pytest
+selection there in a subprocess (``-x -q -p no:cacheprovider``, no bytecode written), and
+restores the file in a ``finally`` with its original bytes and timestamps, which are
+compared afterwards. A selection that fails kills the mutant; one that passes lets it
+survive. A mutant no test can tell from the code (an equivalent one) carries a ``survives``
+note saying why, and docs/testing.md explains it: it is expected to survive, and is
+reported as stale if a test ever kills it.
 
 Mutants marked ``postgres`` need DATABASE_URL to name a PostgreSQL database (they exercise
-row locks) and are skipped without it; the others run on SQLite with DATABASE_URL removed
-from their environment. Before the mutants, every selection runs once on the unmutated
-code: a selection that fails there would kill every mutant. The exit status is 1 when a
-mutant survived unexpectedly or a note is stale, else 0; ``--output`` writes the results
-as JSON.
+row locks) and are skipped without it; each worker's pytest then makes a test database of
+its own (the name with ``_mutants<worker>`` appended). The others run on SQLite with
+DATABASE_URL removed from their environment. Before the mutants, every distinct selection
+runs once on the unmutated code, in the same pool of workers: a selection that fails there
+would kill every mutant, and stops the run. The exit status is 1 when a mutant survived
+unexpectedly or a note is stale, else 0; ``--output`` writes the results as JSON.
 """
 
 from __future__ import annotations
