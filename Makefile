@@ -1,9 +1,9 @@
 # Development tasks of ctxsum and its example project. `make run` serves the demo with its
 # task worker, `make test` runs the test suite (SQLite; set DATABASE_URL for PostgreSQL),
-# `make lint` ruff and mypy, `make package-check` a real install of the package into a new
+# `make mutants` the mutation run, `make lint` ruff and mypy, `make package-check` a real install of the package into a new
 # project.
 
-.PHONY: venv run test lint check bench package-check docs screenshots
+.PHONY: venv run test mutants lint check bench package-check docs screenshots
 
 PYTHON ?= python3
 VENV := .venv
@@ -45,6 +45,14 @@ CTXSUM_TEST_PROFILE ?= dev
 test: venv
 	CTXSUM_TEST_PROFILE=$(CTXSUM_TEST_PROFILE) $(BIN)/pytest \
 		$(if $(filter ci,$(CTXSUM_TEST_PROFILE)),,-m "not slow") $(PYTEST_ARGS)
+
+# The mutation run (docs/testing.md, "Mutation testing"): every mutant of
+# tests/support/mutants.py, a worker a CPU, each in a copy of the checkout. With DATABASE_URL
+# naming a PostgreSQL database the PostgreSQL mutants run too; MUTANTS_ARGS="--only NAME"
+# runs one.
+MUTANTS_ARGS ?=
+mutants: venv
+	$(BIN)/python -m tests.support.mutants $(MUTANTS_ARGS)
 
 # mypy checks what [tool.mypy] names in pyproject.toml: ctxsum and the example project;
 # lint-imports the import contracts of [tool.importlinter].

@@ -2,7 +2,7 @@
 redaction and the facts block, and a runner that applies them one at a time and runs the
 tests that should notice.
 
-    python -m tests.support.mutants [--list] [--only NAME]... [--output results.json]
+    python -m tests.support.mutants [--list] [--only NAME]... [--jobs N] [--output results.json]
     python -m tests.support.mutants --check
 
 Each mutant replaces one exact snippet of a source file with a small, plausible mistake (a
@@ -10,37 +10,46 @@ Each mutant replaces one exact snippet of a source file with a small, plausible 
 its file, or the run fails before anything is changed: the table is checked against the
 code every time, so it cannot drift from it silently. ``--check`` does only that (in well
 under a second) and exits 1 naming every mutant whose snippet no longer matches; it is a
-step of ``.ci/run``.
+step of ``.ci/run``, and so is the whole run.
 
-A mutant is applied by rewriting its file in place; its pytest selection then runs in a
-subprocess (``-x -q -p no:cacheprovider``), and the file is restored in a ``finally`` with
-its original bytes and timestamps, which are compared afterwards. A selection that fails
-kills the mutant; one that passes lets it survive. A mutant no test can tell from the code
-(an equivalent one) carries a ``survives`` note saying why, and docs/testing.md explains
-it: it is expected to survive, and is reported as stale if a test ever kills it.
+The run copies the checkout once per worker (``--jobs``, default the number of CPUs: what
+git tracks or would track, into a temporary folder) and never changes the checkout itself.
+A worker takes the next mutant, rewrites its file in its own copy, runs the mutant's pytest
+selection there in a subprocess (``-x -q -p no:cacheprovider``, no bytecode written), and
+restores the file in a ``finally`` with its original bytes and timestamps, which are
+compared afterwards. A selection that fails kills the mutant; one that passes lets it
+survive. A mutant no test can tell from the code (an equivalent one) carries a ``survives``
+note saying why, and docs/testing.md explains it: it is expected to survive, and is
+reported as stale if a test ever kills it.
 
 Mutants marked ``postgres`` need DATABASE_URL to name a PostgreSQL database (they exercise
-row locks) and are skipped without it; the others run on SQLite with DATABASE_URL removed
-from their environment. Before the mutants, every selection runs once on the unmutated
-code: a selection that fails there would kill every mutant. The exit status is 1 when a
-mutant survived unexpectedly or a note is stale, else 0; ``--output`` writes the results
-as JSON.
+row locks) and are skipped without it; each worker's pytest then makes a test database of
+its own (the name with ``_mutants<worker>`` appended). The others run on SQLite with
+DATABASE_URL removed from their environment. Before the mutants, every distinct selection
+runs once on the unmutated code, in the same pool of workers: a selection that fails there
+would kill every mutant, and stops the run. The exit status is 1 when a mutant survived
+unexpectedly or a note is stale, else 0; ``--output`` writes the results as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from tests.support.shared import REPO_ROOT, use_tiktoken_cache
 
@@ -532,14 +541,105 @@ def check(mutants: Sequence[Mutant]) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class Tree:
+    """A copy of the repository that one worker mutates and runs pytest in, and the
+    PostgreSQL database of its own its selections use (None without DATABASE_URL)."""
+
+    index: int
+    root: Path
+    database_url: str | None
+
+
+@dataclass(frozen=True)
+class Task:
+    """A selection to run in a tree: a mutant's, or (``mutant`` None) one of the baseline
+    selections on the unmutated code."""
+
+    tests: tuple[str, ...]
+    postgres: bool
+    mutant: Mutant | None = None
+
+
+def tree_files(root: Path) -> list[str]:
+    """The files of the checkout to copy: what git tracks or would track (its ignore rules
+    leave out virtualenvs and caches), or, outside a git checkout, every file but those."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", ".venv312", "__pycache__", ".mypy_cache", ".ruff_cache"}
+        return [
+            path.relative_to(root).as_posix()
+            for path in root.rglob("*")
+            if path.is_file() and not skip.intersection(path.relative_to(root).parts)
+        ]
+    return sorted({name for name in listed.decode().split("\0") if name})
+
+
+def make_tree(index: int, base: Path, files: Sequence[str]) -> Path:
+    """Copy ``files`` of the checkout into ``base/tree-<index>`` (times kept), compile its
+    Python files once, and return it. Beside the trees, ``base/shared`` points at the
+    checkout's ../shared, so a copy finds the tiktoken cache and the data as the checkout
+    does."""
+    root = base / f"tree-{index}"
+    for name in files:
+        source = REPO_ROOT / name
+        if source.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    shared = REPO_ROOT.parent / "shared"
+    if shared.is_dir() and not (base / "shared").exists():
+        (base / "shared").symlink_to(shared.resolve())
+    # The unmutated bytecode, written once: a run never writes any (PYTHONDONTWRITEBYTECODE),
+    # and a mutated file's times differ from the original's, so its cache is never used.
+    compileall.compile_dir(root / "ctxsum", quiet=1)
+    return root
+
+
+def worker_database(url: str | None, index: int) -> str | None:
+    """The PostgreSQL URL of worker ``index``: the database name with ``_mutants<index>``
+    appended, so each worker's pytest makes a test database of its own."""
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/") or "postgres"
+    return urlunsplit(parts._replace(path=f"/{name}_mutants{index}"))
+
+
+def check_imports_from(tree: Tree) -> None:
+    """Python run in the tree must import ctxsum and the tests from the tree, not from the
+    checkout the virtualenv was installed from (else no mutant would be seen)."""
+    code = "import ctxsum, tests.support.shared as s; print(ctxsum.__file__); print(s.__file__)"
+    found = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tree.root,
+        env=pytest_env(False),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    root = tree.root.resolve()
+    if not all(Path(path).resolve().is_relative_to(root) for path in found):
+        raise SystemExit(f"Python run in {tree.root} imports {found}, not the copy's files")
+
+
 @contextmanager
-def applied(mutant: Mutant) -> Iterator[None]:
-    """The mutant written into its file, which is restored (bytes and times) on exit."""
-    path = REPO_ROOT / mutant.path
+def applied(mutant: Mutant, root: Path | None = None) -> Iterator[None]:
+    """The mutant written into its file under ``root`` (the checkout by default), which is
+    restored (bytes and times) on exit."""
+    path = (REPO_ROOT if root is None else root) / mutant.path
     original, stat = path.read_bytes(), path.stat()
     mutated = original.decode().replace(mutant.before, mutant.after, 1).encode()
     try:
         path.write_bytes(mutated)
+        # A second later than the original: a bytecode cache of the original (same size
+        # by chance, written the same second) never stands in for the mutant.
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
         yield
     finally:
         path.write_bytes(original)
@@ -556,29 +656,47 @@ def postgres_url() -> str | None:
     return url if url.startswith(("postgres://", "postgresql://")) else None
 
 
-def pytest_env(postgres: bool) -> dict[str, str]:
-    """The subprocess environment: no bytecode written, and SQLite unless ``postgres``."""
+def pytest_env(postgres: bool, database_url: str | None = None) -> dict[str, str]:
+    """The subprocess environment: no bytecode written, and SQLite unless ``postgres``
+    (then ``database_url``, when given, instead of DATABASE_URL)."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    if not postgres:
-        env.pop("DATABASE_URL", None)
+    env.pop("DATABASE_URL", None)
+    if postgres and (database_url or postgres_url()):
+        env["DATABASE_URL"] = database_url or os.environ["DATABASE_URL"]
     return env
 
 
-def run_pytest(tests: Sequence[str], *, postgres: bool, timeout: float) -> tuple[int, str]:
-    """Exit status and output of pytest over ``tests``; a timeout counts as a failure (1)."""
+# The pytest processes running now, killed if the run is interrupted.
+RUNNING: set[subprocess.Popen[str]] = set()
+RUNNING_LOCK = threading.Lock()
+
+
+def run_pytest(
+    tests: Sequence[str], *, postgres: bool, timeout: float, tree: Tree | None = None
+) -> tuple[int, str]:
+    """Exit status and output of pytest over ``tests`` in ``tree`` (the checkout by
+    default); a timeout counts as a failure (1)."""
     command = [sys.executable, "-m", "pytest", *PYTEST_OPTIONS, *tests]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT if tree is None else tree.root,
+        env=pytest_env(postgres, None if tree is None else tree.database_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    with RUNNING_LOCK:
+        RUNNING.add(process)
     try:
-        done = subprocess.run(
-            command,
-            cwd=REPO_ROOT,
-            env=pytest_env(postgres),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
         return 1, f"TIMEOUT after {timeout:.0f} s"
-    return done.returncode, done.stdout + done.stderr
+    finally:
+        with RUNNING_LOCK:
+            RUNNING.discard(process)
+    return process.returncode, output
 
 
 def first_failure(output: str) -> str:
@@ -599,8 +717,9 @@ def last_line(output: str) -> str:
     return lines[-1] if lines else ""
 
 
-def run_mutant(mutant: Mutant, *, timeout: float) -> Result:
-    """Apply ``mutant``, run its selection, restore the file."""
+def run_mutant(mutant: Mutant, *, timeout: float, tree: Tree | None = None) -> Result:
+    """Apply ``mutant`` in ``tree`` (the checkout by default), run its selection there,
+    restore the file."""
     result = Result(
         mutant.name,
         mutant.path,
@@ -614,8 +733,10 @@ def run_mutant(mutant: Mutant, *, timeout: float) -> Result:
         result.summary = "needs DATABASE_URL naming a PostgreSQL database"
         return result
     started = time.monotonic()
-    with applied(mutant):
-        status, output = run_pytest(mutant.tests, postgres=mutant.postgres, timeout=timeout)
+    with applied(mutant, None if tree is None else tree.root):
+        status, output = run_pytest(
+            mutant.tests, postgres=mutant.postgres, timeout=timeout, tree=tree
+        )
     result.seconds = round(time.monotonic() - started, 1)
     result.summary = last_line(output)
     if status not in (0, 1, 2):  # 1: a test failed; 2: the mutant broke collection
@@ -628,15 +749,97 @@ def run_mutant(mutant: Mutant, *, timeout: float) -> Result:
     return result
 
 
-def check_baseline(mutants: Sequence[Mutant], *, timeout: float) -> None:
-    """Every selection must pass on the unmutated code, or it would kill every mutant."""
-    for postgres in (False, True):
-        tests = sorted({test for m in mutants if m.postgres == postgres for test in m.tests})
-        if not tests or (postgres and postgres_url() is None):
-            continue
-        status, output = run_pytest(tests, postgres=postgres, timeout=timeout)
-        if status != 0:
-            raise SystemExit(f"The unmutated code fails {tests}:\n{output[-3000:]}")
+def baseline_tasks(mutants: Sequence[Mutant]) -> list[Task]:
+    """Each distinct selection once on the unmutated code, on its database: one that fails
+    there would kill every mutant that runs it."""
+    selections = {(m.tests, m.postgres) for m in mutants if not m.postgres or postgres_url()}
+    return [Task(tests, postgres) for tests, postgres in sorted(selections)]
+
+
+def mutant_tasks(mutants: Sequence[Mutant]) -> list[Task]:
+    """One task a mutant, those on PostgreSQL (the slowest selections) first, so that the
+    workers finish together."""
+    ordered = sorted(mutants, key=lambda mutant: not mutant.postgres)
+    return [Task(mutant.tests, mutant.postgres, mutant) for mutant in ordered]
+
+
+class Pool:
+    """Workers, one a tree, taking tasks in order from one list: the baseline selections,
+    then the mutants. A baseline that fails stops every worker."""
+
+    def __init__(self, trees: Sequence[Tree], tasks: Sequence[Task], timeout: float) -> None:
+        self.trees, self.timeout = trees, timeout
+        self.tasks = list(reversed(tasks))  # popped from the end: in order
+        self.lock = threading.Lock()
+        self.results: dict[str, Result] = {}
+        self.failures: list[str] = []  # baseline failures and errors
+
+    def next_task(self) -> Task | None:
+        with self.lock:
+            return self.tasks.pop() if self.tasks and not self.failures else None
+
+    def work(self, tree: Tree) -> None:
+        try:
+            while (task := self.next_task()) is not None:
+                self.run(task, tree)
+        except BaseException as error:  # reported, and the run fails
+            with self.lock:
+                self.failures.append(f"worker {tree.index}: {error!r}")
+
+    def run(self, task: Task, tree: Tree) -> None:
+        if task.mutant is None:
+            status, output = run_pytest(
+                task.tests, postgres=task.postgres, timeout=self.timeout, tree=tree
+            )
+            if status != 0:
+                with self.lock:
+                    self.failures.append(
+                        f"The unmutated code fails {list(task.tests)}:\n{output[-3000:]}"
+                    )
+            return
+        result = run_mutant(task.mutant, timeout=self.timeout, tree=tree)
+        with self.lock:
+            self.results[result.name] = result
+        print(
+            f"{result.name}: {result.status} ({result.seconds:.1f} s, worker {tree.index})",
+            flush=True,
+        )
+
+    def run_all(self) -> None:
+        threads = [threading.Thread(target=self.work, args=(tree,)) for tree in self.trees]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            with self.lock:
+                self.tasks.clear()
+            with RUNNING_LOCK:
+                for process in RUNNING:
+                    process.kill()
+            raise
+
+
+def run_in_trees(
+    mutants: Sequence[Mutant], *, jobs: int, timeout: float, baseline: bool
+) -> list[Result]:
+    """Every mutant run by ``jobs`` workers, each in a copy of the checkout of its own (the
+    checkout itself is never changed), after the baseline unless ``baseline`` is false; the
+    results in the order of ``mutants``."""
+    files = tree_files(REPO_ROOT)
+    with tempfile.TemporaryDirectory(prefix="ctxsum-mutants-") as base:
+        trees = [
+            Tree(index, make_tree(index, Path(base), files), worker_database(postgres_url(), index))
+            for index in range(jobs)
+        ]
+        check_imports_from(trees[0])
+        tasks = (baseline_tasks(mutants) if baseline else []) + mutant_tasks(mutants)
+        pool = Pool(trees, tasks, timeout)
+        pool.run_all()
+    if pool.failures:
+        raise SystemExit("\n".join(pool.failures))
+    return [pool.results[mutant.name] for mutant in mutants]
 
 
 def print_table(results: Sequence[Result]) -> None:
@@ -688,6 +891,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seconds one selection may run (default %(default)s)",
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="run N mutants at a time, each worker in a copy of the checkout of its own "
+        "(default: the number of CPUs)",
+    )
+    parser.add_argument(
         "--skip-baseline",
         action="store_true",
         help="do not run the selections on the unmutated code first",
@@ -725,12 +936,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_tiktoken_cache()
     signal.signal(signal.SIGTERM, interrupted)
     started = time.monotonic()
-    if not args.skip_baseline:
-        check_baseline(mutants, timeout=args.timeout)
-    results = []
-    for mutant in mutants:
-        results.append(run_mutant(mutant, timeout=args.timeout))
-        print(f"{mutant.name}: {results[-1].status} ({results[-1].seconds:.1f} s)", flush=True)
+    results = run_in_trees(
+        mutants, jobs=max(1, args.jobs), timeout=args.timeout, baseline=not args.skip_baseline
+    )
     seconds = time.monotonic() - started
     print_table(results)
     print(f"{len(results)} mutants in {seconds:.0f} s")
