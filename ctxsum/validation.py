@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal
@@ -165,6 +165,15 @@ JSON_TYPES: dict[str, Any] = {
     "object": lambda value: isinstance(value, Mapping),
     "null": lambda value: value is None,
 }
+# dict first: what JSON parses to, found without asking the Mapping ABC.
+DICT_TYPES = (dict, Mapping)
+# The same, as the Python types a value may have.
+PYTHON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "array": (list,),
+    "object": DICT_TYPES,
+    "null": (type(None),),
+}
 # Each keyword's test, for the type of value it applies to.
 LIMITS: dict[str, tuple[type, Any]] = {
     "minLength": (str, lambda value, limit: len(value) >= limit),
@@ -257,6 +266,74 @@ def _object_failures(schema: Schema, value: Mapping[str, Any], path: Path) -> It
             yield Failure((*path, key), "required")
 
 
+Check = Callable[[Any], bool]
+
+
+def _acceptor(schema: Schema) -> Check:
+    """``_accepts`` for one schema, its types and branches looked up once."""
+    schema = _resolve(schema)
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        kinds = tuple(kind for name in names for kind in PYTHON_TYPES[name])
+        return lambda value: isinstance(value, kinds)
+    branches = [_acceptor(branch) for branch in schema.get("oneOf", ())]
+    return lambda value: not branches or any(accepts(value) for accepts in branches)
+
+
+def _passes(schema: Schema) -> Check:
+    """A test of whether ``schema_failures`` finds nothing in a value, built once per schema:
+    its keywords read and its references followed ahead, no path or failure built. The
+    quick answer for the usual, valid message; the walk says what failed."""
+    schema = _resolve(schema)
+    if "discriminator" in schema:
+        tag, mapping = schema["discriminator"]["propertyName"], schema["discriminator"]["mapping"]
+        by_tag = {value: _passes({"$ref": ref}) for value, ref in mapping.items()}
+
+        def tagged(value: Any) -> bool:
+            chosen = value.get(tag) if isinstance(value, DICT_TYPES) else None
+            return isinstance(chosen, str) and chosen in by_tag and by_tag[chosen](value)
+
+        return tagged
+    if "oneOf" in schema and "type" not in schema:
+        branches = [(_acceptor(branch), _passes(branch)) for branch in schema["oneOf"]]
+        return lambda value: next((ok(value) for fits, ok in branches if fits(value)), False)
+    return _node_passes(schema)
+
+
+def _node_passes(schema: Schema) -> Check:
+    accepts, enum = _acceptor(schema), schema.get("enum")
+    limits = [(*LIMITS[keyword], schema[keyword]) for keyword in LIMITS if keyword in schema]
+    properties = [(key, _passes(sub)) for key, sub in schema.get("properties", {}).items()]
+    required, names = set(schema.get("required", ())), set(schema.get("properties", {}))
+    closed = schema.get("additionalProperties") is False
+    any_of = [_passes(branch) for branch in schema.get("anyOf", ())]
+    items = _passes(schema["items"]) if "items" in schema else None
+
+    def passes(value: Any) -> bool:
+        if not accepts(value) or (enum is not None and value not in enum):
+            return False
+        if any(
+            isinstance(value, kind) and not holds(value, limit) for kind, holds, limit in limits
+        ):
+            return False
+        if isinstance(value, DICT_TYPES):
+            if (closed and not names.issuperset(value)) or (
+                any_of and not any(ok(value) for ok in any_of)
+            ):
+                return False
+            for key, ok in properties:
+                if not (ok(value[key]) if key in value else key not in required):
+                    return False
+            return True
+        return items is None or not isinstance(value, list) or all(map(items, value))
+
+    return passes
+
+
+MESSAGE_PASSES = _passes(MESSAGE)
+KNOWN_FIELDS = frozenset(FIELDS)
+
+
 def _worded(failure: Failure) -> str:
     """A failure as the API words it."""
     steps = ["*" if isinstance(step, int) else step for step in failure.path]
@@ -310,6 +387,13 @@ def _call_errors(failures: list[Failure]) -> list[str]:
 
 def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
     """Every error of a message, by field, in the order of FIELDS (unknown ones first)."""
+    calls = message.get("tool_calls")
+    if (
+        MESSAGE_PASSES(message)
+        and KNOWN_FIELDS.issuperset(message)
+        and not (isinstance(calls, list) and _repeated_ids(calls, []))
+    ):
+        return {}  # the usual message, found valid without naming what fails
     unknown = [field_name(field) for field in sorted(set(message) - set(FIELDS))]
     errors = {key: [str(UNKNOWN_FIELD)] for key in unknown}
     role = message.get("role")
