@@ -205,32 +205,28 @@ class Keep(RawSchema):
     }
 
 
-def _policy(ref: Ref, *, effective: bool) -> Schema:
-    trigger, keep = ref(Trigger), ref(Keep)
-    return closed(
-        {
-            "trigger": trigger if effective else _or_null(trigger),
-            "keep": keep if effective else _or_null(keep),
-            "max_context_tokens": _or_null(POSITIVE_INTEGER),
-        },
-        required=("trigger", "keep", "max_context_tokens"),
-    )
-
-
 class Policy(RawSchema):
     """The conversation's own overrides; null means the settings' default applies."""
 
+    effective = False
+
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        return _policy(ref, effective=False)
+        trigger, keep = ref(Trigger), ref(Keep)
+        return closed(
+            {
+                "trigger": trigger if cls.effective else _or_null(trigger),
+                "keep": keep if cls.effective else _or_null(keep),
+                "max_context_tokens": _or_null(POSITIVE_INTEGER),
+            },
+            required=("trigger", "keep", "max_context_tokens"),
+        )
 
 
-class EffectivePolicy(RawSchema):
+class EffectivePolicy(Policy):
     """The policy in force: the overrides, else the settings' defaults."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _policy(ref, effective=True)
+    effective = True
 
 
 # --------------------------------------------------------------------------- answers
@@ -272,20 +268,13 @@ class CompactionPlan(serializers.Serializer[Any]):
     tokens_after = serializers.IntegerField(min_value=0)
 
 
+FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]
 # What POST .../compact/ answers; an automatic compaction may also answer the others.
 COMPACTION_REASONS = [
     reason
     for reason in Reason
-    if reason
-    not in (
-        Reason.DEFERRED,
-        Reason.QUEUED,
-        Reason.REBUILT,
-        Reason.REVERTED,
-        Reason.SUMMARIZER_ERROR,
-        Reason.SUMMARY_TRUNCATED,
-        Reason.ERROR,
-    )
+    if reason not in (*FAILURE_REASONS, Reason.DEFERRED, Reason.QUEUED, Reason.ERROR)
+    and reason not in (Reason.REBUILT, Reason.REVERTED)
 ]
 # What POST .../summaries/rebuild/ answers.
 REBUILD_REASONS = [
@@ -297,7 +286,6 @@ REBUILD_REASONS = [
 ]
 # What POST .../summaries/{version}/revert/ answers.
 REVERT_REASONS = [Reason.REVERTED, Reason.IN_PROGRESS, Reason.CONFLICT]
-FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]
 
 
 class Error(serializers.Serializer[Any]):

@@ -358,7 +358,16 @@ class CompactionOutputSerializer(LeftOutWhenNone):
         }
 
 
-class RebuildOutputSerializer(serializers.Serializer[Any]):
+class ContextAfterWrite(serializers.Serializer[Any]):
+    """An answer with the context after a write, which the view passes."""
+
+    @extend_schema_field(ContextOutputSerializer(allow_null=True))
+    def get_context(self, result: Any) -> dict[str, Any] | None:
+        active = self.context["active"]
+        return None if active is None else ContextOutputSerializer(active).data
+
+
+class RebuildOutputSerializer(ContextAfterWrite):
     """What a rebuild did (``services.Rebuilt``) and the context after it; the view passes
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
@@ -369,14 +378,8 @@ class RebuildOutputSerializer(serializers.Serializer[Any]):
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
     context = serializers.SerializerMethodField()  # type: ignore[assignment]
 
-    @extend_schema_field(ContextOutputSerializer(allow_null=True))
-    def get_context(self, rebuilt: Any) -> dict[str, Any] | None:
-        # Serializer.context, the dict the view passed: the field above is not an attribute.
-        active = self.context["active"]  # type: ignore[index]
-        return None if active is None else ContextOutputSerializer(active).data
 
-
-class RevertOutputSerializer(serializers.Serializer[Any]):
+class RevertOutputSerializer(ContextAfterWrite):
     """What a revert did (``services.Reverted``) and the context after it; the view passes
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
@@ -390,9 +393,3 @@ class RevertOutputSerializer(serializers.Serializer[Any]):
 
     def get_messages_restored(self, reverted: Any) -> int:
         return len(reverted.restored)
-
-    @extend_schema_field(ContextOutputSerializer(allow_null=True))
-    def get_context(self, reverted: Any) -> dict[str, Any] | None:
-        # Serializer.context, the dict the view passed: the field above is not an attribute.
-        active = self.context["active"]  # type: ignore[index]
-        return None if active is None else ContextOutputSerializer(active).data
