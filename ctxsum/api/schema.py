@@ -9,16 +9,17 @@ the project's ``SPECTACULAR_SETTINGS["OAS_VERSION"]`` (3.0 or 3.1, which spell n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.urls.converters import get_converters
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import ResolvedComponent, is_jsonschema_compliant
 from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 
 from ctxsum import message_schema
-from ctxsum.api import paths
 from ctxsum.conf import ctxsum_settings
 from ctxsum.message_schema import NULL, closed, nullable, string
 from ctxsum.policy import UNITS, Reason
@@ -34,19 +35,6 @@ Ref = Callable[[type[serializers.Serializer[Any]] | str], Schema]
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
 
-
-def path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter:
-    """A segment of the path (drf-spectacular cannot tell its form from its converter)."""
-    pattern = f"^{segment.canonical}$"
-    return OpenApiParameter(
-        name, str, OpenApiParameter.PATH, description=segment.description, pattern=pattern
-    )
-
-
-CONVERSATION_ID = path_parameter("id", paths.ConversationId)
-MESSAGE_SEQ = path_parameter("seq", paths.Seq)
-SUMMARY_VERSION = path_parameter("version", paths.Version)
-SUBJECT = path_parameter("subject", paths.Subject)
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
@@ -382,26 +370,51 @@ def operation(
     status: int = 200,
     request: Any = None,
     errors_too: Iterable[int] = (),
-    on_conversation: bool = True,
-    parameters: Iterable[OpenApiParameter] = (),
     description: str | None = None,
     streamed: Any = None,
 ) -> Callable[[Any], Any]:
     """``extend_schema`` for one of ctxsum's operations: its answer on success (as JSON, and
     as ``text/event-stream`` described by ``streamed`` when given), the error answers it can
-    give (every operation's, and ``errors_too``), and the conversation id in its path unless
-    ``on_conversation`` is off, then ``parameters``."""
+    give (every operation's, and ``errors_too``); its path's segments described by their
+    converters (``PathSegments``)."""
     success: dict[Any, Any] = {status: response}
     if streamed is not None:
         success = {(status, JSON): response, (status, EVENT_STREAM): streamed}
-    return extend_schema(
+    described = extend_schema(
         operation_id=operation_id,
         summary=summary,
         description=description,
-        parameters=[*([CONVERSATION_ID] if on_conversation else []), *parameters] or None,
         request=request,
         responses={**success, **errors(*errors_too)},
     )
+
+    def decorate(handler: Any) -> Any:
+        declared = described(handler).kwargs
+        declared["schema"] = type("CtxsumSchema", (PathSegments, declared["schema"]), {})
+        return handler
+
+    return decorate
+
+
+class PathSegments:
+    """The path's segments as parameters, each described by its converter, a
+    ``paths.Segment`` (drf-spectacular cannot tell a segment's form from its converter)."""
+
+    path_regex: str
+
+    def get_override_parameters(self) -> list[Any]:
+        converters: dict[str, Any] = get_converters()
+        named = [
+            OpenApiParameter(
+                "id" if name == "pk" else name,
+                str,
+                OpenApiParameter.PATH,
+                description=converters[kind].description,
+                pattern=f"^{converters[kind].canonical}$",
+            )
+            for kind, name in re.findall(r"<(\w+):(\w+)>", self.path_regex)
+        ]
+        return [*named, *super().get_override_parameters()]  # type: ignore[misc]
 
 
 def _by_status(responses: dict[Any, Any]) -> dict[Any, Any]:

@@ -85,7 +85,6 @@ class ApiRoot(CtxsumView):
         "api_root",
         "Links to the API's collections",
         ApiRootOutputSerializer,
-        on_conversation=False,
     )
     def get(self, request: Request) -> Response:
         url = reverse("ctxsum:conversation-list", request=request)
@@ -99,7 +98,6 @@ class ConversationList(CtxsumView):
         "conversations_list",
         "The caller's conversations, newest first",
         ConversationOutputSerializer(many=True),
-        on_conversation=False,
     )
     def get(self, request: Request) -> Response:
         conversations = selectors.conversation_list(owner=request.user)
@@ -112,7 +110,6 @@ class ConversationList(CtxsumView):
         status=201,
         request=ConversationCreateInputSerializer,
         errors_too=schema.BODY,
-        on_conversation=False,
     )
     def post(self, request: Request) -> Response:
         fields = _service_fields(self.validated(ConversationCreateInputSerializer))
@@ -212,7 +209,6 @@ class MessageRedact(CtxsumView):
         "Redact a message: its words are erased, its seq stays",
         MessageOutputSerializer,
         request=EmptyInputSerializer,
-        parameters=[schema.MESSAGE_SEQ],
         errors_too=schema.BODY,
         description="The content becomes `[redacted]`; a tool call keeps its id and name but "
         "loses its arguments. Tokens and counters are recounted, and every summary version "
@@ -297,7 +293,6 @@ class SummaryRevert(CtxsumView):
         "Undo a compaction: the active summary's archived messages become active again",
         RevertOutputSerializer,
         request=EmptyInputSerializer,
-        parameters=[schema.SUMMARY_VERSION],
         errors_too=schema.BODY,
         description="`version` must be the active summary's (else 400 naming `version`). "
         "The version it extended (or none) becomes active again, the messages it archived "

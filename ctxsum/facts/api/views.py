@@ -14,7 +14,7 @@ from ctxsum.api.base import CtxsumView, subject_from_path
 from ctxsum.api.idempotency import idempotent
 from ctxsum.facts import selectors as fact_selectors
 from ctxsum.facts import services
-from ctxsum.facts.api.paths import FACT_ID, fact_id_from_path
+from ctxsum.facts.api.paths import fact_id_from_path
 from ctxsum.facts.api.serializers import (
     FactCreateInputSerializer,
     FactInputSerializer,
@@ -97,7 +97,6 @@ class ConversationFactDetail(CtxsumView):
         "facts_retrieve",
         "One fact the conversation sees",
         FactOutputSerializer,
-        parameters=[FACT_ID],
     )
     def get(self, request: Request, pk: str, fact_id: str) -> Response:
         seen, fact = self._fact(fact_id)
@@ -108,7 +107,6 @@ class ConversationFactDetail(CtxsumView):
         "Change a fact's value, key or pin",
         FactOutputSerializer,
         request=FactInputSerializer,
-        parameters=[FACT_ID],
         errors_too=schema.BODY,
         description="Any of `value`, `key` and `pinned`. A subject's fact changes for every "
         f"conversation of the subject. {WRITE_NOTE}",
@@ -124,7 +122,6 @@ class ConversationFactDetail(CtxsumView):
         "Delete a fact (a subject's: for every conversation of the subject)",
         None,
         status=204,
-        parameters=[FACT_ID],
     )
     def delete(self, request: Request, pk: str, fact_id: str) -> Response:
         _, fact = self._fact(fact_id)
@@ -149,8 +146,6 @@ class SubjectFactList(SubjectView):
         "subject_facts_list",
         "The caller's facts of a subject",
         FactOutputSerializer(many=True),
-        on_conversation=False,
-        parameters=[schema.SUBJECT],
         description="Shared by every conversation of the caller that names the subject "
         "(`subject` on the conversation); a subject no fact has yet lists none. "
         "`in_context` is null: whether a block shows a fact depends on the conversation "
@@ -165,8 +160,6 @@ class SubjectFactList(SubjectView):
         FactOutputSerializer,
         status=201,
         request=FactCreateInputSerializer,
-        on_conversation=False,
-        parameters=[schema.SUBJECT],
         errors_too=schema.BODY,
         description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
         "are stripped and must not be blank; the key is normalized as the summarizer's are "
@@ -192,8 +185,6 @@ class SubjectFactDetail(SubjectView):
         "subject_facts_retrieve",
         "One of the caller's facts of a subject",
         FactOutputSerializer,
-        on_conversation=False,
-        parameters=[schema.SUBJECT, FACT_ID],
     )
     def get(self, request: Request, subject: str, fact_id: str) -> Response:
         return Response(FactOutputSerializer(self._fact(fact_id)).data)
@@ -203,8 +194,6 @@ class SubjectFactDetail(SubjectView):
         "Change a subject's fact: its value, key or pin",
         FactOutputSerializer,
         request=FactInputSerializer,
-        on_conversation=False,
-        parameters=[schema.SUBJECT, FACT_ID],
         errors_too=schema.BODY,
         description=f"Any of `value`, `key` and `pinned`. {WRITE_NOTE}",
     )
@@ -219,8 +208,6 @@ class SubjectFactDetail(SubjectView):
         "Delete a subject's fact, for every conversation naming the subject",
         None,
         status=204,
-        on_conversation=False,
-        parameters=[schema.SUBJECT, FACT_ID],
     )
     def delete(self, request: Request, subject: str, fact_id: str) -> Response:
         services.fact_delete(fact=self._fact(fact_id), user=request.user)
