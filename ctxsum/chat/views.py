@@ -21,7 +21,7 @@ from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import api_exception
 from ctxsum.api.idempotency import idempotent
 from ctxsum.chat import schema as chat_schema
-from ctxsum.chat.api_exceptions import CallLimit
+from ctxsum.chat.api_exceptions import ChatRefused
 from ctxsum.chat.completions import sse
 from ctxsum.chat.serializers import ChatInputSerializer, ChatOutputSerializer
 from ctxsum.chat.services import ChatResult, ChatStream, chat_turn
@@ -86,7 +86,7 @@ class ConversationChat(CtxsumView):
         names its ``scope``."""
         exc = api_exception(exc)
         response = super().handle_exception(exc)
-        if isinstance(exc, CallLimit):
+        if isinstance(exc, ChatRefused) and exc.scope is not None:
             response.data["scope"] = exc.scope
         return response
 
