@@ -18,6 +18,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import ResolvedComponent, is_jsonschema_compliant
 from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from ctxsum import message_schema
 from ctxsum.conf import ctxsum_settings
@@ -368,7 +369,7 @@ def operation(
     response: Any,
     *,
     status: int = 200,
-    request: Any = None,
+    request: Any = empty,
     errors_too: Iterable[int] = (),
     description: str | None = None,
     streamed: Any = None,
@@ -376,7 +377,8 @@ def operation(
     """``extend_schema`` for one of ctxsum's operations: its answer on success (as JSON, and
     as ``text/event-stream`` described by ``streamed`` when given), the error answers it can
     give (every operation's, and ``errors_too``); its path's segments described by their
-    converters (``PathSegments``)."""
+    converters (``PathSegments``), its body by the view's ``serializer_class`` unless
+    ``request`` names another."""
     success: dict[Any, Any] = {status: response}
     if streamed is not None:
         success = {(status, JSON): response, (status, EVENT_STREAM): streamed}

@@ -108,7 +108,6 @@ class ConversationList(CtxsumView):
         "Create a conversation, with its system prompt and first messages",
         ConversationDetailOutputSerializer,
         status=201,
-        request=ConversationCreateInputSerializer,
         errors_too=schema.BODY,
     )
     def post(self, request: Request) -> Response:
@@ -137,7 +136,6 @@ class ConversationDetail(CtxsumView):
         "conversations_partial_update",
         "Change the title, metadata, model, policy or system prompt",
         ConversationDetailOutputSerializer,
-        request=ConversationInputSerializer,
         errors_too=schema.BODY,
     )
     def patch(self, request: Request, pk: str) -> Response:
@@ -208,7 +206,6 @@ class MessageRedact(CtxsumView):
         "messages_redact",
         "Redact a message: its words are erased, its seq stays",
         MessageOutputSerializer,
-        request=EmptyInputSerializer,
         errors_too=schema.BODY,
         description="The content becomes `[redacted]`; a tool call keeps its id and name but "
         "loses its arguments. Tokens and counters are recounted, and every summary version "
@@ -247,7 +244,6 @@ class ConversationCompact(CtxsumView):
         "conversations_compact",
         "Compact now: summarize what the policy archives",
         CompactionOutputSerializer,
-        request=CompactInputSerializer,
         errors_too=[*schema.BODY, 502],
     )
     def post(self, request: Request, pk: str) -> Response:
@@ -267,7 +263,6 @@ class SummaryRebuild(CtxsumView):
         "summaries_rebuild",
         "Write the active summary anew from the archived messages, under the current prompt",
         RebuildOutputSerializer,
-        request=EmptyInputSerializer,
         errors_too=[*schema.BODY, 502],
         description="For a stale summary (written under another prompt, or covering a "
         "redacted message). The new version covers the same messages; the one it replaces "
@@ -292,7 +287,6 @@ class SummaryRevert(CtxsumView):
         "summaries_revert",
         "Undo a compaction: the active summary's archived messages become active again",
         RevertOutputSerializer,
-        request=EmptyInputSerializer,
         errors_too=schema.BODY,
         description="`version` must be the active summary's (else 400 naming `version`). "
         "The version it extended (or none) becomes active again, the messages it archived "

@@ -45,7 +45,6 @@ class ConversationChat(CtxsumView):
         "conversations_chat",
         "One model turn: the new message and the model's reply, stored together",
         ChatOutputSerializer,
-        request=ChatInputSerializer,
         errors_too=[*schema.BODY, 409, 429, 502],
         streamed=chat_schema.SERVER_SENT_EVENTS,
         description='With `"stream": true` the answer is `text/event-stream`: every chunk '

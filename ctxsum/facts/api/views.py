@@ -69,7 +69,6 @@ class ConversationFactList(CtxsumView):
         "Add a fact of the conversation's own",
         FactOutputSerializer,
         status=201,
-        request=FactCreateInputSerializer,
         errors_too=schema.BODY,
         description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
         "are stripped and must not be blank; the key is normalized as the summarizer's are "
@@ -106,7 +105,6 @@ class ConversationFactDetail(CtxsumView):
         "facts_partial_update",
         "Change a fact's value, key or pin",
         FactOutputSerializer,
-        request=FactInputSerializer,
         errors_too=schema.BODY,
         description="Any of `value`, `key` and `pinned`. A subject's fact changes for every "
         f"conversation of the subject. {WRITE_NOTE}",
@@ -159,7 +157,6 @@ class SubjectFactList(SubjectView):
         "Add a fact to a subject, for every conversation naming it",
         FactOutputSerializer,
         status=201,
-        request=FactCreateInputSerializer,
         errors_too=schema.BODY,
         description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
         "are stripped and must not be blank; the key is normalized as the summarizer's are "
@@ -193,7 +190,6 @@ class SubjectFactDetail(SubjectView):
         "subject_facts_partial_update",
         "Change a subject's fact: its value, key or pin",
         FactOutputSerializer,
-        request=FactInputSerializer,
         errors_too=schema.BODY,
         description=f"Any of `value`, `key` and `pinned`. {WRITE_NOTE}",
     )
