@@ -18,7 +18,6 @@ from ctxsum.api.base import (
     MESSAGE_NOT_FOUND,
     SUMMARY_NOT_FOUND,
     CtxsumView,
-    no_fields,
     seq_from_path,
     version_from_path,
 )
@@ -215,7 +214,7 @@ class MessageRedact(CtxsumView):
     )
     def post(self, request: Request, pk: str, seq: str) -> Response:
         conversation = self.get_conversation()
-        no_fields(request)
+        self.validated(EmptyInputSerializer)
         try:
             message = services.message_redact(conversation=conversation, seq=seq_from_path(seq))
         except Message.DoesNotExist as error:
@@ -273,7 +272,7 @@ class SummaryRebuild(CtxsumView):
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        no_fields(request)
+        self.validated(EmptyInputSerializer)
         rebuilt = services.conversation_rebuild(conversation=conversation)
         active = _context_after_write(conversation)
         return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
@@ -301,7 +300,7 @@ class SummaryRevert(CtxsumView):
     def post(self, request: Request, pk: str, version: str) -> Response:
         conversation = self.get_conversation()
         number = version_from_path(version)
-        no_fields(request)
+        self.validated(EmptyInputSerializer)
         try:
             reverted = services.conversation_revert(conversation=conversation, version=number)
         except Summary.DoesNotExist as error:

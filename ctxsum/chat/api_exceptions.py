@@ -31,14 +31,14 @@ MODEL_FAILED = _("The model failed after its retries and fallbacks; nothing was 
 
 
 class ChatRefused(exceptions.APIException):
-    """A chat turn's error, answered with its status and code (``ANSWERS``); ``scope`` names
-    the limit of model calls a 429 reached."""
+    """A chat turn's error, answered with its status and code (``ANSWERS``); a 429 names the
+    limit of model calls it reached (``scope``)."""
 
     def __init__(self, detail: str, *, status_code: int, code: str, scope: str | None) -> None:
         super().__init__(detail, code)
         self.status_code = status_code
         self.default_code = code
-        self.scope = scope
+        self.named = {} if scope is None else {"scope": scope}
 
 
 def chat_exception(exc: Exception) -> Exception | None:
