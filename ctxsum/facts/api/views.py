@@ -28,6 +28,12 @@ SCOPE_NOTE = (
     "the facts a person or the summarizer wrote for the caller's conversations naming it. "
     "Where both have a key, the conversation's own is the one its block shows."
 )
+# What an added fact's key and value must be, and a key the conversation or subject has.
+KEY_NOTE = (
+    "`key` (one line, at most 200 characters) and `value` (at most 2000) are stripped and "
+    "must not be blank; the key is normalized as the summarizer's are (`Order ID` is "
+    "`order_id`), and one the %s has already is a 400 naming `key`."
+)
 WRITE_NOTE = (
     "A person's write marks the fact `changed_by: person`; the summarizer never overwrites "
     "it again, and proposes a change in `proposed_value` instead. Writing a `value` (the "
@@ -70,11 +76,8 @@ class ConversationFactList(CtxsumView):
         FactOutputSerializer,
         status=201,
         errors_too=schema.BODY,
-        description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
-        "are stripped and must not be blank; the key is normalized as the summarizer's are "
-        "(`Order ID` is `order_id`), and one the conversation has already is a 400 naming "
-        "`key`. To share a fact with every conversation of a subject, add it to the "
-        f"subject instead. {WRITE_NOTE}",
+        description=f"{KEY_NOTE % 'conversation'} To share a fact with every conversation of "
+        f"a subject, add it to the subject instead. {WRITE_NOTE}",
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -158,10 +161,8 @@ class SubjectFactList(SubjectView):
         FactOutputSerializer,
         status=201,
         errors_too=schema.BODY,
-        description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
-        "are stripped and must not be blank; the key is normalized as the summarizer's are "
-        "(`Order ID` is `order_id`), and one the subject has already is a 400 naming "
-        f"`key`. A subject's fact may come before any conversation names it. {WRITE_NOTE}",
+        description=f"{KEY_NOTE % 'subject'} A subject's fact may come before any "
+        f"conversation names it. {WRITE_NOTE}",
     )
     def post(self, request: Request, subject: str) -> Response:
         name = self.subject()
