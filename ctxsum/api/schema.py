@@ -377,7 +377,7 @@ def operation(
     """``extend_schema`` for one of ctxsum's operations: its answer on success (as JSON, and
     as ``text/event-stream`` described by ``streamed`` when given), the error answers it can
     give (every operation's, and ``errors_too``); its path's segments described by their
-    converters (``PathSegments``), its body by the view's ``serializer_class`` unless
+    converters (``OperationSchema``), its body by the view's ``serializer_class`` unless
     ``request`` names another."""
     success: dict[Any, Any] = {status: response}
     if streamed is not None:
@@ -392,17 +392,19 @@ def operation(
 
     def decorate(handler: Any) -> Any:
         declared = described(handler).kwargs
-        declared["schema"] = type("CtxsumSchema", (PathSegments, declared["schema"]), {})
+        declared["schema"] = type("CtxsumSchema", (OperationSchema, declared["schema"]), {})
         return handler
 
     return decorate
 
 
-class PathSegments:
+class OperationSchema:
     """The path's segments as parameters, each described by its converter, a
-    ``paths.Segment`` (drf-spectacular cannot tell a segment's form from its converter)."""
+    ``paths.Segment`` (drf-spectacular cannot tell a segment's form from its converter);
+    for an ``idempotent`` operation, the Idempotency-Key header and the 409 answers too."""
 
     path_regex: str
+    idempotent = False
 
     def get_override_parameters(self) -> list[Any]:
         converters: dict[str, Any] = get_converters()
@@ -416,7 +418,12 @@ class PathSegments:
             )
             for kind, name in re.findall(r"<(\w+):(\w+)>", self.path_regex)
         ]
-        return [*named, *super().get_override_parameters()]  # type: ignore[misc]
+        declared = super().get_override_parameters()  # type: ignore[misc]
+        return [*named, *declared, *([IDEMPOTENCY_KEY] if self.idempotent else [])]
+
+    def get_response_serializers(self) -> Any:
+        declared = super().get_response_serializers()  # type: ignore[misc]
+        return _by_status({**declared, **errors_only(409)}) if self.idempotent else declared
 
 
 def _by_status(responses: dict[Any, Any]) -> dict[Any, Any]:
@@ -433,20 +440,9 @@ def idempotent(handler: Any) -> Any:
     """The ``Idempotency-Key`` header and the 409 answers, added to the operation that
     ``operation`` declared on ``handler`` (see ctxsum.api.idempotency)."""
     declared: Any = getattr(handler, "kwargs", {}).get("schema")
-    if declared is None:
+    if not (isinstance(declared, type) and issubclass(declared, OperationSchema)):
         raise TypeError(f"{handler.__qualname__}: put @idempotent above @schema.operation.")
-
-    def get_override_parameters(self: Any) -> list[Any]:
-        return [*declared.get_override_parameters(self), IDEMPOTENCY_KEY]
-
-    def get_response_serializers(self: Any) -> dict[int, Any]:
-        return _by_status({**declared.get_response_serializers(self), **errors_only(409)})
-
-    methods = {
-        "get_override_parameters": get_override_parameters,
-        "get_response_serializers": get_response_serializers,
-    }
-    handler.kwargs = {**handler.kwargs, "schema": type("IdempotentSchema", (declared,), methods)}
+    declared.idempotent = True
     return handler
 
 
