@@ -358,9 +358,13 @@ ALWAYS = (401, 403, 404, 406)
 BODY = (400, 411, 413, 415)
 
 
-def errors(*codes: int) -> dict[int, OpenApiResponse]:
-    """The error answers of an operation: ``codes`` and those every operation has."""
-    return errors_only(*sorted({*ALWAYS, *codes}))
+def errors(*codes: int, always: bool = True) -> dict[int, OpenApiResponse]:
+    """The error answers ``codes``, and (unless ``always`` is off) those every operation has."""
+    chosen = sorted({*ALWAYS, *codes}) if always else codes
+    return {
+        code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
+        for code in chosen
+    }
 
 
 def operation(
@@ -423,7 +427,9 @@ class OperationSchema:
 
     def get_response_serializers(self) -> Any:
         declared = super().get_response_serializers()  # type: ignore[misc]
-        return _by_status({**declared, **errors_only(409)}) if self.idempotent else declared
+        return (
+            _by_status({**declared, **errors(409, always=False)}) if self.idempotent else declared
+        )
 
 
 def _by_status(responses: dict[Any, Any]) -> dict[Any, Any]:
@@ -444,14 +450,6 @@ def idempotent(handler: Any) -> Any:
         raise TypeError(f"{handler.__qualname__}: put @idempotent above @schema.operation.")
     declared.idempotent = True
     return handler
-
-
-def errors_only(*codes: int) -> dict[int, OpenApiResponse]:
-    """The error answers ``codes``, and no others."""
-    return {
-        code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
-        for code in codes
-    }
 
 
 def page(schema: Schema) -> Schema:
