@@ -70,6 +70,10 @@ class StringField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+# Text a write may leave out, taken as sent: blank, and with its whitespace.
+OptionalText = partial(StringField, allow_blank=True, trim_whitespace=False, required=False)
+
+
 def checked_by_service(described_as: Any) -> type[serializers.JSONField]:
     """A field of JSON taken as it comes, for the service to check (with errors that name
     the index and field), that the OpenAPI document describes as ``described_as``."""
@@ -100,14 +104,11 @@ class PolicyInputSerializer(StrictSerializer):
 class ConversationInputSerializer(StrictSerializer):
     """PATCH of a conversation: every field optional. Lengths are the service's to check."""
 
-    title = StringField(allow_blank=True, trim_whitespace=False, required=False)
-    system = StringField(allow_blank=True, trim_whitespace=False, required=False)
+    title = OptionalText()
+    system = OptionalText()
     metadata = serializers.DictField(required=False)
-    model = StringField(allow_blank=True, trim_whitespace=False, required=False)
-    subject = StringField(
-        allow_blank=True,
-        trim_whitespace=False,
-        required=False,
+    model = OptionalText()
+    subject = OptionalText(
         max_length=MAX_SUBJECT_CHARS,
         help_text="What the conversation is about, in your terms (a customer id, say): the "
         "facts of this subject are shared by your conversations naming it. Blank: none.",
