@@ -177,21 +177,19 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_previous_version(self, summary: Summary) -> int | None:
-        """The version it extends; null for the first, or when that version, read after a
-        write committed, could not be read (logged)."""
-        if summary.previous_id is None:
-            return None
-        read = partial(_related_version, summary, "previous")
-        return read_after_write("the previous version", summary.conversation_id, read)
+        """The version it extends; null for the first."""
+        return _version_after_write(summary, "previous", "the previous version")
 
     def get_stale(self, summary: Summary) -> bool:
         return selectors.summary_is_stale(summary)
 
 
-def _related_version(row: Any, name: str) -> int:
-    """The version of the summary ``row.name`` points to (read when not loaded yet)."""
-    version: int = getattr(row, name).version
-    return version
+def _version_after_write(row: Any, relation: str, part: str) -> int | None:
+    """The version of the summary ``row.<relation>`` points to (read when not loaded yet);
+    null when none, or when it could not be read after a write committed (logged)."""
+    if getattr(row, f"{relation}_id") is None:
+        return None
+    return read_after_write(part, row.conversation_id, lambda: getattr(row, relation).version)
 
 
 class MessageOutputSerializer(serializers.ModelSerializer[Message]):
@@ -214,12 +212,8 @@ class MessageOutputSerializer(serializers.ModelSerializer[Message]):
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_summary_version(self, message: Message) -> int | None:
-        """The version that archived it; null while it is active, or when that version,
-        read after a write committed (a redaction), could not be read (logged)."""
-        if message.summary_id is None:
-            return None
-        read = partial(_related_version, message, "summary")
-        return read_after_write("the version that archived it", message.conversation_id, read)
+        """The version that archived it; null while it is active."""
+        return _version_after_write(message, "summary", "the version that archived it")
 
     def get_replaced(self, message: Message) -> bool:
         return message.replaced_at is not None
