@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 from django.utils.translation import gettext
 from django.utils.translation import ngettext_lazy as _n
 
@@ -129,14 +130,16 @@ def compact(conversations: Iterable[Conversation], *, dry_run: bool) -> Tally:
     return _each(conversations, run)
 
 
+def _active(conversations: list[Conversation]) -> QuerySet[Summary]:
+    """The active summaries of ``conversations``, in one query."""
+    return Summary.objects.filter(conversation__in=[c.pk for c in conversations], active=True)
+
+
 def rebuild(conversations: Iterable[Conversation]) -> Tally:
     """Rebuild the active summary of each conversation where it is stale; the others are
     counted as not stale, or as having nothing to rebuild."""
     selected = list(conversations)
-    active = Summary.objects.filter(
-        conversation__in=[conversation.pk for conversation in selected], active=True
-    )
-    summaries = {summary.conversation_id: summary for summary in active}
+    summaries = {summary.conversation_id: summary for summary in _active(selected)}
 
     def run(conversation: Conversation, tally: Tally) -> str:
         summary = summaries.get(conversation.pk)
@@ -156,10 +159,7 @@ def revert(conversations: Iterable[Conversation]) -> Tally:
     """Undo the last compaction of each conversation: revert its active summary (one
     version back, however many there are); those without one have nothing to revert."""
     selected = list(conversations)
-    active = Summary.objects.filter(
-        conversation__in=[conversation.pk for conversation in selected], active=True
-    )
-    versions = dict(active.values_list("conversation_id", "version"))
+    versions = dict(_active(selected).values_list("conversation_id", "version"))
 
     def run(conversation: Conversation, tally: Tally) -> str:
         version = versions.get(conversation.pk)

@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Exists, Model, OuterRef, QuerySet
@@ -26,7 +27,7 @@ from ctxsum import services
 from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
 from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin
-from ctxsum.admin.forms import ConversationForm
+from ctxsum.admin.forms import EDITABLE, ConversationForm
 from ctxsum.hooks import conversation_rows
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy
@@ -85,21 +86,8 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             },
         ),
     )
-    readonly_fields = (
-        "id",
-        "owner",
-        "effective_policy",
-        "next_seq",
-        "message_count",
-        "active_message_count",
-        "active_tokens",
-        "facts_tokens",
-        "revision",
-        "lease_owner",
-        "leased_at",
-        "created_at",
-        "updated_at",
-    )
+    # What the form does not edit is shown, read-only.
+    readonly_fields = tuple(name for name in flatten_fieldsets(fieldsets) if name not in EDITABLE)
     actions = ("compact_now", "compact_dry_run", "rebuild_stale", "revert_last")
     # Each selected conversation may cost a summarizer call inside the request.
     action_limit = batch.ACTION_LIMIT

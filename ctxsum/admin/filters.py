@@ -117,21 +117,21 @@ class CoverageFilter(_Choices):
         return queryset
 
 
+# The states of a message the message list filters on, and the rows in each.
+MESSAGE_STATES = {
+    "active": (_("active"), lambda: Message.objects.active()),
+    "archived": (_("archived"), lambda: Message.objects.archived()),
+    "replaced": (_("replaced"), lambda: Message.objects.filter(replaced_at__isnull=False)),
+    "redacted": (_("redacted"), lambda: Message.objects.filter(redacted_at__isnull=False)),
+}
+
+
 class MessageStateFilter(_Choices):
     title = _("state")
     parameter_name = "state"
-    options = (
-        ("active", _("active")),
-        ("archived", _("archived")),
-        ("replaced", _("replaced")),
-        ("redacted", _("redacted")),
-    )
+    options = tuple((state, label) for state, (label, _rows) in MESSAGE_STATES.items())
 
     def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
-        rows = {
-            "active": Message.objects.active(),
-            "archived": Message.objects.archived(),
-            "replaced": Message.objects.filter(replaced_at__isnull=False),
-            "redacted": Message.objects.filter(redacted_at__isnull=False),
-        }.get(value)
-        return queryset if rows is None else queryset.filter(pk__in=rows.values("pk"))
+        if value not in MESSAGE_STATES:
+            return queryset
+        return queryset.filter(pk__in=MESSAGE_STATES[value][1]().values("pk"))

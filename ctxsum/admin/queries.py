@@ -95,22 +95,6 @@ class SeqPage:
     messages: list[Message] = field(default_factory=list)
 
     @property
-    def has_previous(self) -> bool:
-        return self.number > 1
-
-    @property
-    def has_next(self) -> bool:
-        return self.number < self.num_pages
-
-    @property
-    def previous_page_number(self) -> int:
-        return self.number - 1
-
-    @property
-    def next_page_number(self) -> int:
-        return self.number + 1
-
-    @property
     def page_links(self) -> list[int | None]:
         """The page numbers to link: the first, the last and two on either side of this
         one; None where numbers are left out."""

@@ -94,27 +94,23 @@ def content_blocks(message: Message) -> list[Block]:
     if content is None:
         return []
     if isinstance(content, str):
-        if message.role == "tool":
-            return [cut(pretty_json(content))]
-        return [cut(content)]
+        return [cut(pretty_json(content) if message.role == "tool" else content)]
     if isinstance(content, list):
         return [_part(part) for part in content]
     return [cut(pretty_json(content))]
 
 
 def _tool_calls(message: Message) -> list[ToolCallView]:
-    views = []
     # Stored tool calls were validated: each is {"id", "type", "function": {"name", ...}}.
-    for call in message.tool_calls or ():
-        function = call.get("function") or {}
-        views.append(
-            ToolCallView(
-                id=str(call.get("id", "")),
-                name=str(function.get("name", "")),
-                arguments=cut(pretty_json(function.get("arguments") or "")),
-            )
+    functions = [(call, call.get("function") or {}) for call in message.tool_calls or ()]
+    return [
+        ToolCallView(
+            id=str(call.get("id", "")),
+            name=str(function.get("name", "")),
+            arguments=cut(pretty_json(function.get("arguments") or "")),
         )
-    return views
+        for call, function in functions
+    ]
 
 
 def message_views(

@@ -28,14 +28,10 @@ from ctxsum.api.exceptions import (
     CONVERSATION_NOT_FOUND,
     LengthRequired,
     PayloadTooLarge,
-    SummarizerFailed,
     api_exception,
 )
 from ctxsum.api.idempotency import keep_raw_body
 from ctxsum.api.pagination import Pagination
-from ctxsum.api.serializers import (
-    EmptyInputSerializer,
-)
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
 from ctxsum.services import Claim
@@ -104,9 +100,8 @@ class CtxsumView(GenericAPIView[Any]):
         detail = response.data.get("detail", "")
         code = getattr(detail, "code", None) or getattr(exc, "default_code", "error")
         response.data = {**response.data, **error_body(detail, str(code))}
-        if isinstance(exc, SummarizerFailed):
-            # summarizer_error, or summary_truncated for an answer cut off at its limit.
-            response.data["reason"] = str(exc.reason)
+        # What else an error names: a summarizer's ``reason``, a limit's ``scope``, …
+        response.data.update(getattr(exc, "named", {}))
         return response
 
     def validated(self, serializer: type[Serializer[Any]], **kwargs: Any) -> Any:
@@ -156,8 +151,3 @@ def from_path(parse: Callable[[str], T | None], missing: Any) -> Callable[[str],
 seq_from_path = from_path(paths.Seq.parse, MESSAGE_NOT_FOUND)
 version_from_path = from_path(paths.Version.parse, SUMMARY_NOT_FOUND)
 subject_from_path = from_path(paths.Subject.parse, SUBJECT_NOT_FOUND)
-
-
-def no_fields(request: Request) -> None:
-    """Refuse a body that holds anything: these operations take no input."""
-    EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)

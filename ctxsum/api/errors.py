@@ -10,6 +10,7 @@ failure in middleware); elsewhere they answer Django's own pages.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -43,20 +44,18 @@ def _under_api(request: HttpRequest) -> bool:
     return request.path.startswith(root)
 
 
-def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if _under_api(request):
-        return JsonResponse(error_body(BAD_REQUEST, "bad_request"), status=400)
-    return defaults.bad_request(request, exception)
+def _handler(default: Callable[..., HttpResponse], detail: Any, code: str, status: int) -> Any:
+    """A handler for the root URLconf: JSON under the API's prefix, ``default`` elsewhere
+    (Django has logged a server error with its traceback, logger django.request)."""
+
+    def handler(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if _under_api(request):
+            return JsonResponse(error_body(detail, code), status=status)
+        return default(request, *args, **kwargs)
+
+    return handler
 
 
-def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if _under_api(request):
-        return JsonResponse(error_body(NOT_FOUND, "not_found"), status=404)
-    return defaults.page_not_found(request, exception)
-
-
-def server_error(request: HttpRequest) -> HttpResponse:
-    # Django has logged the exception with its traceback (logger django.request).
-    if _under_api(request):
-        return JsonResponse(error_body(SERVER_ERROR, "server_error"), status=500)
-    return defaults.server_error(request)
+bad_request = _handler(defaults.bad_request, BAD_REQUEST, "bad_request", 400)
+page_not_found = _handler(defaults.page_not_found, NOT_FOUND, "not_found", 404)
+server_error = _handler(defaults.server_error, SERVER_ERROR, "server_error", 500)

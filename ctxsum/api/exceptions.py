@@ -40,7 +40,8 @@ class SummarizerFailed(exceptions.APIException):
 
     def __init__(self, *, reason: Reason) -> None:
         super().__init__(SUMMARY_CUT_OFF if reason == Reason.SUMMARY_TRUNCATED else None)
-        self.reason = reason
+        # summarizer_error, or summary_truncated for an answer cut off at its limit.
+        self.named = {"reason": str(reason)}
 
 
 # An installed app's domain errors as the HTTP errors they mean: a function per app, which

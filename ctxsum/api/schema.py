@@ -9,16 +9,18 @@ the project's ``SPECTACULAR_SETTINGS["OAS_VERSION"]`` (3.0 or 3.1, which spell n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.urls.converters import get_converters
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import ResolvedComponent, is_jsonschema_compliant
 from drf_spectacular.utils import Direction, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from ctxsum import message_schema
-from ctxsum.api import paths
 from ctxsum.conf import ctxsum_settings
 from ctxsum.message_schema import NULL, closed, nullable, string
 from ctxsum.policy import UNITS, Reason
@@ -34,19 +36,6 @@ Ref = Callable[[type[serializers.Serializer[Any]] | str], Schema]
 JSON = "application/json"
 EVENT_STREAM = "text/event-stream"
 
-
-def path_parameter(name: str, segment: type[paths.Segment]) -> OpenApiParameter:
-    """A segment of the path (drf-spectacular cannot tell its form from its converter)."""
-    pattern = f"^{segment.canonical}$"
-    return OpenApiParameter(
-        name, str, OpenApiParameter.PATH, description=segment.description, pattern=pattern
-    )
-
-
-CONVERSATION_ID = path_parameter("id", paths.ConversationId)
-MESSAGE_SEQ = path_parameter("seq", paths.Seq)
-SUMMARY_VERSION = path_parameter("version", paths.Version)
-SUBJECT = path_parameter("subject", paths.Subject)
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
@@ -205,32 +194,28 @@ class Keep(RawSchema):
     }
 
 
-def _policy(ref: Ref, *, effective: bool) -> Schema:
-    trigger, keep = ref(Trigger), ref(Keep)
-    return closed(
-        {
-            "trigger": trigger if effective else _or_null(trigger),
-            "keep": keep if effective else _or_null(keep),
-            "max_context_tokens": _or_null(POSITIVE_INTEGER),
-        },
-        required=("trigger", "keep", "max_context_tokens"),
-    )
-
-
 class Policy(RawSchema):
     """The conversation's own overrides; null means the settings' default applies."""
 
+    effective = False
+
     @classmethod
     def build(cls, ref: Ref) -> Schema:
-        return _policy(ref, effective=False)
+        trigger, keep = ref(Trigger), ref(Keep)
+        return closed(
+            {
+                "trigger": trigger if cls.effective else _or_null(trigger),
+                "keep": keep if cls.effective else _or_null(keep),
+                "max_context_tokens": _or_null(POSITIVE_INTEGER),
+            },
+            required=("trigger", "keep", "max_context_tokens"),
+        )
 
 
-class EffectivePolicy(RawSchema):
+class EffectivePolicy(Policy):
     """The policy in force: the overrides, else the settings' defaults."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return _policy(ref, effective=True)
+    effective = True
 
 
 # --------------------------------------------------------------------------- answers
@@ -272,20 +257,13 @@ class CompactionPlan(serializers.Serializer[Any]):
     tokens_after = serializers.IntegerField(min_value=0)
 
 
+FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]
 # What POST .../compact/ answers; an automatic compaction may also answer the others.
 COMPACTION_REASONS = [
     reason
     for reason in Reason
-    if reason
-    not in (
-        Reason.DEFERRED,
-        Reason.QUEUED,
-        Reason.REBUILT,
-        Reason.REVERTED,
-        Reason.SUMMARIZER_ERROR,
-        Reason.SUMMARY_TRUNCATED,
-        Reason.ERROR,
-    )
+    if reason not in (*FAILURE_REASONS, Reason.DEFERRED, Reason.QUEUED, Reason.ERROR)
+    and reason not in (Reason.REBUILT, Reason.REVERTED)
 ]
 # What POST .../summaries/rebuild/ answers.
 REBUILD_REASONS = [
@@ -297,7 +275,6 @@ REBUILD_REASONS = [
 ]
 # What POST .../summaries/{version}/revert/ answers.
 REVERT_REASONS = [Reason.REVERTED, Reason.IN_PROGRESS, Reason.CONFLICT]
-FAILURE_REASONS = [Reason.SUMMARIZER_ERROR, Reason.SUMMARY_TRUNCATED]
 
 
 class Error(serializers.Serializer[Any]):
@@ -381,9 +358,13 @@ ALWAYS = (401, 403, 404, 406)
 BODY = (400, 411, 413, 415)
 
 
-def errors(*codes: int) -> dict[int, OpenApiResponse]:
-    """The error answers of an operation: ``codes`` and those every operation has."""
-    return errors_only(*sorted({*ALWAYS, *codes}))
+def errors(*codes: int, always: bool = True) -> dict[int, OpenApiResponse]:
+    """The error answers ``codes``, and (unless ``always`` is off) those every operation has."""
+    chosen = sorted({*ALWAYS, *codes}) if always else codes
+    return {
+        code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
+        for code in chosen
+    }
 
 
 def operation(
@@ -392,28 +373,63 @@ def operation(
     response: Any,
     *,
     status: int = 200,
-    request: Any = None,
+    request: Any = empty,
     errors_too: Iterable[int] = (),
-    on_conversation: bool = True,
-    parameters: Iterable[OpenApiParameter] = (),
     description: str | None = None,
     streamed: Any = None,
 ) -> Callable[[Any], Any]:
     """``extend_schema`` for one of ctxsum's operations: its answer on success (as JSON, and
     as ``text/event-stream`` described by ``streamed`` when given), the error answers it can
-    give (every operation's, and ``errors_too``), and the conversation id in its path unless
-    ``on_conversation`` is off, then ``parameters``."""
+    give (every operation's, and ``errors_too``); its path's segments described by their
+    converters (``OperationSchema``), its body by the view's ``serializer_class`` unless
+    ``request`` names another."""
     success: dict[Any, Any] = {status: response}
     if streamed is not None:
         success = {(status, JSON): response, (status, EVENT_STREAM): streamed}
-    return extend_schema(
+    described = extend_schema(
         operation_id=operation_id,
         summary=summary,
         description=description,
-        parameters=[*([CONVERSATION_ID] if on_conversation else []), *parameters] or None,
         request=request,
         responses={**success, **errors(*errors_too)},
     )
+
+    def decorate(handler: Any) -> Any:
+        declared = described(handler).kwargs
+        declared["schema"] = type("CtxsumSchema", (OperationSchema, declared["schema"]), {})
+        return handler
+
+    return decorate
+
+
+class OperationSchema:
+    """The path's segments as parameters, each described by its converter, a
+    ``paths.Segment`` (drf-spectacular cannot tell a segment's form from its converter);
+    for an ``idempotent`` operation, the Idempotency-Key header and the 409 answers too."""
+
+    path_regex: str
+    idempotent = False
+
+    def get_override_parameters(self) -> list[Any]:
+        converters: dict[str, Any] = get_converters()
+        named = [
+            OpenApiParameter(
+                "id" if name == "pk" else name,
+                str,
+                OpenApiParameter.PATH,
+                description=converters[kind].description,
+                pattern=f"^{converters[kind].canonical}$",
+            )
+            for kind, name in re.findall(r"<(\w+):(\w+)>", self.path_regex)
+        ]
+        declared = super().get_override_parameters()  # type: ignore[misc]
+        return [*named, *declared, *([IDEMPOTENCY_KEY] if self.idempotent else [])]
+
+    def get_response_serializers(self) -> Any:
+        declared = super().get_response_serializers()  # type: ignore[misc]
+        return (
+            _by_status({**declared, **errors(409, always=False)}) if self.idempotent else declared
+        )
 
 
 def _by_status(responses: dict[Any, Any]) -> dict[Any, Any]:
@@ -430,29 +446,10 @@ def idempotent(handler: Any) -> Any:
     """The ``Idempotency-Key`` header and the 409 answers, added to the operation that
     ``operation`` declared on ``handler`` (see ctxsum.api.idempotency)."""
     declared: Any = getattr(handler, "kwargs", {}).get("schema")
-    if declared is None:
+    if not (isinstance(declared, type) and issubclass(declared, OperationSchema)):
         raise TypeError(f"{handler.__qualname__}: put @idempotent above @schema.operation.")
-
-    def get_override_parameters(self: Any) -> list[Any]:
-        return [*declared.get_override_parameters(self), IDEMPOTENCY_KEY]
-
-    def get_response_serializers(self: Any) -> dict[int, Any]:
-        return _by_status({**declared.get_response_serializers(self), **errors_only(409)})
-
-    methods = {
-        "get_override_parameters": get_override_parameters,
-        "get_response_serializers": get_response_serializers,
-    }
-    handler.kwargs = {**handler.kwargs, "schema": type("IdempotentSchema", (declared,), methods)}
+    declared.idempotent = True
     return handler
-
-
-def errors_only(*codes: int) -> dict[int, OpenApiResponse]:
-    """The error answers ``codes``, and no others."""
-    return {
-        code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
-        for code in codes
-    }
 
 
 def page(schema: Schema) -> Schema:

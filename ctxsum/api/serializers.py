@@ -70,6 +70,10 @@ class StringField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+# Text a write may leave out, taken as sent: blank, and with its whitespace.
+OptionalText = partial(StringField, allow_blank=True, trim_whitespace=False, required=False)
+
+
 def checked_by_service(described_as: Any) -> type[serializers.JSONField]:
     """A field of JSON taken as it comes, for the service to check (with errors that name
     the index and field), that the OpenAPI document describes as ``described_as``."""
@@ -100,14 +104,11 @@ class PolicyInputSerializer(StrictSerializer):
 class ConversationInputSerializer(StrictSerializer):
     """PATCH of a conversation: every field optional. Lengths are the service's to check."""
 
-    title = StringField(allow_blank=True, trim_whitespace=False, required=False)
-    system = StringField(allow_blank=True, trim_whitespace=False, required=False)
+    title = OptionalText()
+    system = OptionalText()
     metadata = serializers.DictField(required=False)
-    model = StringField(allow_blank=True, trim_whitespace=False, required=False)
-    subject = StringField(
-        allow_blank=True,
-        trim_whitespace=False,
-        required=False,
+    model = OptionalText()
+    subject = OptionalText(
         max_length=MAX_SUBJECT_CHARS,
         help_text="What the conversation is about, in your terms (a customer id, say): the "
         "facts of this subject are shared by your conversations naming it. Blank: none.",
@@ -176,21 +177,19 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_previous_version(self, summary: Summary) -> int | None:
-        """The version it extends; null for the first, or when that version, read after a
-        write committed, could not be read (logged)."""
-        if summary.previous_id is None:
-            return None
-        read = partial(_related_version, summary, "previous")
-        return read_after_write("the previous version", summary.conversation_id, read)
+        """The version it extends; null for the first."""
+        return _version_after_write(summary, "previous", "the previous version")
 
     def get_stale(self, summary: Summary) -> bool:
         return selectors.summary_is_stale(summary)
 
 
-def _related_version(row: Any, name: str) -> int:
-    """The version of the summary ``row.name`` points to (read when not loaded yet)."""
-    version: int = getattr(row, name).version
-    return version
+def _version_after_write(row: Any, relation: str, part: str) -> int | None:
+    """The version of the summary ``row.<relation>`` points to (read when not loaded yet);
+    null when none, or when it could not be read after a write committed (logged)."""
+    if getattr(row, f"{relation}_id") is None:
+        return None
+    return read_after_write(part, row.conversation_id, lambda: getattr(row, relation).version)
 
 
 class MessageOutputSerializer(serializers.ModelSerializer[Message]):
@@ -213,12 +212,8 @@ class MessageOutputSerializer(serializers.ModelSerializer[Message]):
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_summary_version(self, message: Message) -> int | None:
-        """The version that archived it; null while it is active, or when that version,
-        read after a write committed (a redaction), could not be read (logged)."""
-        if message.summary_id is None:
-            return None
-        read = partial(_related_version, message, "summary")
-        return read_after_write("the version that archived it", message.conversation_id, read)
+        """The version that archived it; null while it is active."""
+        return _version_after_write(message, "summary", "the version that archived it")
 
     def get_replaced(self, message: Message) -> bool:
         return message.replaced_at is not None
@@ -358,7 +353,16 @@ class CompactionOutputSerializer(LeftOutWhenNone):
         }
 
 
-class RebuildOutputSerializer(serializers.Serializer[Any]):
+class ContextAfterWrite(serializers.Serializer[Any]):
+    """An answer with the context after a write, which the view passes."""
+
+    @extend_schema_field(ContextOutputSerializer(allow_null=True))
+    def get_context(self, result: Any) -> dict[str, Any] | None:
+        active = self.context["active"]
+        return None if active is None else ContextOutputSerializer(active).data
+
+
+class RebuildOutputSerializer(ContextAfterWrite):
     """What a rebuild did (``services.Rebuilt``) and the context after it; the view passes
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
@@ -369,14 +373,8 @@ class RebuildOutputSerializer(serializers.Serializer[Any]):
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
     context = serializers.SerializerMethodField()  # type: ignore[assignment]
 
-    @extend_schema_field(ContextOutputSerializer(allow_null=True))
-    def get_context(self, rebuilt: Any) -> dict[str, Any] | None:
-        # Serializer.context, the dict the view passed: the field above is not an attribute.
-        active = self.context["active"]  # type: ignore[index]
-        return None if active is None else ContextOutputSerializer(active).data
 
-
-class RevertOutputSerializer(serializers.Serializer[Any]):
+class RevertOutputSerializer(ContextAfterWrite):
     """What a revert did (``services.Reverted``) and the context after it; the view passes
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
@@ -390,9 +388,3 @@ class RevertOutputSerializer(serializers.Serializer[Any]):
 
     def get_messages_restored(self, reverted: Any) -> int:
         return len(reverted.restored)
-
-    @extend_schema_field(ContextOutputSerializer(allow_null=True))
-    def get_context(self, reverted: Any) -> dict[str, Any] | None:
-        # Serializer.context, the dict the view passed: the field above is not an attribute.
-        active = self.context["active"]  # type: ignore[index]
-        return None if active is None else ContextOutputSerializer(active).data

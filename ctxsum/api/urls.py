@@ -16,26 +16,24 @@ for name, converter in paths.CONVERTERS.items():
 
 CONVERSATION = "conversations/<ctxsum_id:pk>/"
 
+# The routes about one conversation, under CONVERSATION.
+ON_CONVERSATION = [
+    ("", views.ConversationDetail, "conversation-detail"),
+    ("messages/", views.MessageList, "message-list"),
+    ("messages/<ctxsum_seq:seq>/redact/", views.MessageRedact, "message-redact"),
+    ("context/", views.ContextDetail, "context"),
+    ("compact/", views.ConversationCompact, "compact"),
+    ("summaries/", views.SummaryList, "summary-list"),
+    ("summaries/rebuild/", views.SummaryRebuild, "summary-rebuild"),
+    ("summaries/<ctxsum_version:version>/revert/", views.SummaryRevert, "summary-revert"),
+]
+
 urlpatterns = [
     path("", views.ApiRoot.as_view(), name="api-root"),
     path("conversations/", views.ConversationList.as_view(), name="conversation-list"),
-    path(CONVERSATION, views.ConversationDetail.as_view(), name="conversation-detail"),
-    path(f"{CONVERSATION}messages/", views.MessageList.as_view(), name="message-list"),
-    path(
-        f"{CONVERSATION}messages/<ctxsum_seq:seq>/redact/",
-        views.MessageRedact.as_view(),
-        name="message-redact",
-    ),
-    path(f"{CONVERSATION}context/", views.ContextDetail.as_view(), name="context"),
-    path(f"{CONVERSATION}compact/", views.ConversationCompact.as_view(), name="compact"),
-    path(f"{CONVERSATION}summaries/", views.SummaryList.as_view(), name="summary-list"),
-    path(
-        f"{CONVERSATION}summaries/rebuild/", views.SummaryRebuild.as_view(), name="summary-rebuild"
-    ),
-    path(
-        f"{CONVERSATION}summaries/<ctxsum_version:version>/revert/",
-        views.SummaryRevert.as_view(),
-        name="summary-revert",
+    *(
+        path(CONVERSATION + route, view.as_view(), name=name)
+        for route, view, name in ON_CONVERSATION
     ),
 ]
 

@@ -18,7 +18,6 @@ from ctxsum.api.base import (
     MESSAGE_NOT_FOUND,
     SUMMARY_NOT_FOUND,
     CtxsumView,
-    no_fields,
     seq_from_path,
     version_from_path,
 )
@@ -85,7 +84,6 @@ class ApiRoot(CtxsumView):
         "api_root",
         "Links to the API's collections",
         ApiRootOutputSerializer,
-        on_conversation=False,
     )
     def get(self, request: Request) -> Response:
         url = reverse("ctxsum:conversation-list", request=request)
@@ -99,7 +97,6 @@ class ConversationList(CtxsumView):
         "conversations_list",
         "The caller's conversations, newest first",
         ConversationOutputSerializer(many=True),
-        on_conversation=False,
     )
     def get(self, request: Request) -> Response:
         conversations = selectors.conversation_list(owner=request.user)
@@ -110,9 +107,7 @@ class ConversationList(CtxsumView):
         "Create a conversation, with its system prompt and first messages",
         ConversationDetailOutputSerializer,
         status=201,
-        request=ConversationCreateInputSerializer,
         errors_too=schema.BODY,
-        on_conversation=False,
     )
     def post(self, request: Request) -> Response:
         fields = _service_fields(self.validated(ConversationCreateInputSerializer))
@@ -140,7 +135,6 @@ class ConversationDetail(CtxsumView):
         "conversations_partial_update",
         "Change the title, metadata, model, policy or system prompt",
         ConversationDetailOutputSerializer,
-        request=ConversationInputSerializer,
         errors_too=schema.BODY,
     )
     def patch(self, request: Request, pk: str) -> Response:
@@ -211,8 +205,6 @@ class MessageRedact(CtxsumView):
         "messages_redact",
         "Redact a message: its words are erased, its seq stays",
         MessageOutputSerializer,
-        request=EmptyInputSerializer,
-        parameters=[schema.MESSAGE_SEQ],
         errors_too=schema.BODY,
         description="The content becomes `[redacted]`; a tool call keeps its id and name but "
         "loses its arguments. Tokens and counters are recounted, and every summary version "
@@ -222,7 +214,7 @@ class MessageRedact(CtxsumView):
     )
     def post(self, request: Request, pk: str, seq: str) -> Response:
         conversation = self.get_conversation()
-        no_fields(request)
+        self.validated(EmptyInputSerializer)
         try:
             message = services.message_redact(conversation=conversation, seq=seq_from_path(seq))
         except Message.DoesNotExist as error:
@@ -251,7 +243,6 @@ class ConversationCompact(CtxsumView):
         "conversations_compact",
         "Compact now: summarize what the policy archives",
         CompactionOutputSerializer,
-        request=CompactInputSerializer,
         errors_too=[*schema.BODY, 502],
     )
     def post(self, request: Request, pk: str) -> Response:
@@ -271,7 +262,6 @@ class SummaryRebuild(CtxsumView):
         "summaries_rebuild",
         "Write the active summary anew from the archived messages, under the current prompt",
         RebuildOutputSerializer,
-        request=EmptyInputSerializer,
         errors_too=[*schema.BODY, 502],
         description="For a stale summary (written under another prompt, or covering a "
         "redacted message). The new version covers the same messages; the one it replaces "
@@ -282,7 +272,7 @@ class SummaryRebuild(CtxsumView):
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
-        no_fields(request)
+        self.validated(EmptyInputSerializer)
         rebuilt = services.conversation_rebuild(conversation=conversation)
         active = _context_after_write(conversation)
         return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
@@ -296,8 +286,6 @@ class SummaryRevert(CtxsumView):
         "summaries_revert",
         "Undo a compaction: the active summary's archived messages become active again",
         RevertOutputSerializer,
-        request=EmptyInputSerializer,
-        parameters=[schema.SUMMARY_VERSION],
         errors_too=schema.BODY,
         description="`version` must be the active summary's (else 400 naming `version`). "
         "The version it extended (or none) becomes active again, the messages it archived "
@@ -312,7 +300,7 @@ class SummaryRevert(CtxsumView):
     def post(self, request: Request, pk: str, version: str) -> Response:
         conversation = self.get_conversation()
         number = version_from_path(version)
-        no_fields(request)
+        self.validated(EmptyInputSerializer)
         try:
             reverted = services.conversation_revert(conversation=conversation, version=number)
         except Summary.DoesNotExist as error:

@@ -19,54 +19,40 @@ from ctxsum.chat.exceptions import (
 
 logger = logging.getLogger("ctxsum.api")
 
-
-class TurnConflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = _("Another turn of this conversation is in progress.")
-    default_code = "turn_in_progress"
-
-
-class ContextRedactedConflict(exceptions.APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_detail = _("A message the model was sent was redacted during its call.")
-    default_code = "context_redacted"
+# Each error of a chat turn: the status it answers with and its code.
+ANSWERS: dict[type[Exception], tuple[int, str]] = {
+    TurnInProgress: (status.HTTP_409_CONFLICT, "turn_in_progress"),
+    CallLimitReached: (status.HTTP_429_TOO_MANY_REQUESTS, "call_limit_reached"),
+    ContextTooLong: (status.HTTP_400_BAD_REQUEST, "context_too_long"),
+    ContextRedacted: (status.HTTP_409_CONFLICT, "context_redacted"),
+    ModelError: (status.HTTP_502_BAD_GATEWAY, "model_error"),
+}
+MODEL_FAILED = _("The model failed after its retries and fallbacks; nothing was stored.")
 
 
-class CallLimit(exceptions.APIException):
-    status_code = status.HTTP_429_TOO_MANY_REQUESTS
-    default_detail = _("A limit of model calls is reached.")
-    default_code = "call_limit_reached"
+class ChatRefused(exceptions.APIException):
+    """A chat turn's error, answered with its status and code (``ANSWERS``); a 429 names the
+    limit of model calls it reached (``scope``)."""
 
-    def __init__(self, detail: str, *, scope: str) -> None:
-        super().__init__(detail)
-        self.scope = scope
-
-
-class ContextTooLongError(exceptions.APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
-    default_detail = _("The context is over max_context_tokens, even after compaction.")
-    default_code = "context_too_long"
-
-
-class ModelFailed(exceptions.APIException):
-    status_code = status.HTTP_502_BAD_GATEWAY
-    default_detail = _("The model failed after its retries and fallbacks; nothing was stored.")
-    default_code = "model_error"
+    def __init__(self, detail: str, *, status_code: int, code: str, scope: str | None) -> None:
+        super().__init__(detail, code)
+        self.status_code = status_code
+        self.default_code = code
+        self.named = {} if scope is None else {"scope": scope}
 
 
 def chat_exception(exc: Exception) -> Exception | None:
     """A chat turn's domain errors as the HTTP errors they mean; None for any other."""
-    if isinstance(exc, TurnInProgress):
-        return TurnConflict(str(exc))
-    if isinstance(exc, CallLimitReached):
-        return CallLimit(str(exc), scope=exc.scope)
-    if isinstance(exc, ContextTooLong):
-        return ContextTooLongError(str(exc))
-    if isinstance(exc, ContextRedacted):
-        return ContextRedactedConflict(str(exc))
+    answer = next((ANSWERS[kind] for kind in ANSWERS if isinstance(exc, kind)), None)
+    if answer is None:
+        return None
+    detail = str(exc)
     if isinstance(exc, ModelError):
         # The provider's own words go to the log, not to the client: an operational
         # event, not a bug, so no traceback.
         logger.error("Chat model error: %s", exc)
-        return ModelFailed()
-    return None
+        detail = str(MODEL_FAILED)
+    status_code, code = answer
+    return ChatRefused(
+        detail, status_code=status_code, code=code, scope=getattr(exc, "scope", None)
+    )

@@ -5,8 +5,6 @@ it."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
@@ -97,15 +95,11 @@ def declare() -> None:
     """The chat turn's 429 answer, and its keys of a conversation's stats (after the
     core's, as ``ctxsum.chat.selectors.chat_usage`` reads them)."""
     error_answer(429, TooManyCalls, "A limit of model calls is reached (call_limit_reached).")
-    stats_keys(**_stats_fields())
-
-
-def _stats_fields() -> dict[str, Any]:
-    return {
-        "chat_turns": serializers.IntegerField(min_value=0, help_text="Chat turns stored."),
-        "prompt_tokens": serializers.IntegerField(
+    stats_keys(
+        chat_turns=serializers.IntegerField(min_value=0, help_text="Chat turns stored."),
+        prompt_tokens=serializers.IntegerField(
             min_value=0, help_text="Of every chat turn, as the provider reported them."
         ),
-        "completion_tokens": serializers.IntegerField(min_value=0),
-        "cached_tokens": serializers.IntegerField(min_value=0),
-    }
+        completion_tokens=serializers.IntegerField(min_value=0),
+        cached_tokens=serializers.IntegerField(min_value=0),
+    )

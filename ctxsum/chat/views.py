@@ -21,7 +21,6 @@ from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import api_exception
 from ctxsum.api.idempotency import idempotent
 from ctxsum.chat import schema as chat_schema
-from ctxsum.chat.api_exceptions import CallLimit
 from ctxsum.chat.completions import sse
 from ctxsum.chat.serializers import ChatInputSerializer, ChatOutputSerializer
 from ctxsum.chat.services import ChatResult, ChatStream, chat_turn
@@ -45,7 +44,6 @@ class ConversationChat(CtxsumView):
         "conversations_chat",
         "One model turn: the new message and the model's reply, stored together",
         ChatOutputSerializer,
-        request=ChatInputSerializer,
         errors_too=[*schema.BODY, 409, 429, 502],
         streamed=chat_schema.SERVER_SENT_EVENTS,
         description='With `"stream": true` the answer is `text/event-stream`: every chunk '
@@ -80,15 +78,6 @@ class ConversationChat(CtxsumView):
         if isinstance(result, ChatStream):
             return event_stream(result, first, claim=self.idempotency)
         return Response(ChatOutputSerializer(result).data)
-
-    def handle_exception(self, exc: Exception) -> Response:
-        """Errors as the API answers them (the turn's own through ``api_exception``); a 429
-        names its ``scope``."""
-        exc = api_exception(exc)
-        response = super().handle_exception(exc)
-        if isinstance(exc, CallLimit):
-            response.data["scope"] = exc.scope
-        return response
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # An EventSource asks for text/event-stream: answered as such when streaming, and

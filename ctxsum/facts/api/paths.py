@@ -1,11 +1,10 @@
 """The fact id segment of the facts' paths: its converter (``ctxsum_fact``, registered by
-``urls``), the OpenAPI parameter that states its form, and its reader in the views."""
+``urls``), which states its form, and its reader in the views."""
 
 from __future__ import annotations
 
 from ctxsum.api.base import from_path
 from ctxsum.api.paths import Number
-from ctxsum.api.schema import path_parameter
 from ctxsum.facts.api.errors import FACT_NOT_FOUND
 
 
@@ -14,5 +13,4 @@ class FactId(Number):
     description = "The fact's id: 1, 2, 3, … in decimal."
 
 
-FACT_ID = path_parameter("fact_id", FactId)
 fact_id_from_path = from_path(FactId.parse, FACT_NOT_FOUND)

@@ -14,7 +14,7 @@ from ctxsum.api.base import CtxsumView, subject_from_path
 from ctxsum.api.idempotency import idempotent
 from ctxsum.facts import selectors as fact_selectors
 from ctxsum.facts import services
-from ctxsum.facts.api.paths import FACT_ID, fact_id_from_path
+from ctxsum.facts.api.paths import fact_id_from_path
 from ctxsum.facts.api.serializers import (
     FactCreateInputSerializer,
     FactInputSerializer,
@@ -27,6 +27,12 @@ SCOPE_NOTE = (
     "A conversation sees its own facts and, when it names a `subject`, that subject's: "
     "the facts a person or the summarizer wrote for the caller's conversations naming it. "
     "Where both have a key, the conversation's own is the one its block shows."
+)
+# What an added fact's key and value must be, and a key the conversation or subject has.
+KEY_NOTE = (
+    "`key` (one line, at most 200 characters) and `value` (at most 2000) are stripped and "
+    "must not be blank; the key is normalized as the summarizer's are (`Order ID` is "
+    "`order_id`), and one the %s has already is a 400 naming `key`."
 )
 WRITE_NOTE = (
     "A person's write marks the fact `changed_by: person`; the summarizer never overwrites "
@@ -69,13 +75,9 @@ class ConversationFactList(CtxsumView):
         "Add a fact of the conversation's own",
         FactOutputSerializer,
         status=201,
-        request=FactCreateInputSerializer,
         errors_too=schema.BODY,
-        description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
-        "are stripped and must not be blank; the key is normalized as the summarizer's are "
-        "(`Order ID` is `order_id`), and one the conversation has already is a 400 naming "
-        "`key`. To share a fact with every conversation of a subject, add it to the "
-        f"subject instead. {WRITE_NOTE}",
+        description=f"{KEY_NOTE % 'conversation'} To share a fact with every conversation of "
+        f"a subject, add it to the subject instead. {WRITE_NOTE}",
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -97,7 +99,6 @@ class ConversationFactDetail(CtxsumView):
         "facts_retrieve",
         "One fact the conversation sees",
         FactOutputSerializer,
-        parameters=[FACT_ID],
     )
     def get(self, request: Request, pk: str, fact_id: str) -> Response:
         seen, fact = self._fact(fact_id)
@@ -107,8 +108,6 @@ class ConversationFactDetail(CtxsumView):
         "facts_partial_update",
         "Change a fact's value, key or pin",
         FactOutputSerializer,
-        request=FactInputSerializer,
-        parameters=[FACT_ID],
         errors_too=schema.BODY,
         description="Any of `value`, `key` and `pinned`. A subject's fact changes for every "
         f"conversation of the subject. {WRITE_NOTE}",
@@ -124,7 +123,6 @@ class ConversationFactDetail(CtxsumView):
         "Delete a fact (a subject's: for every conversation of the subject)",
         None,
         status=204,
-        parameters=[FACT_ID],
     )
     def delete(self, request: Request, pk: str, fact_id: str) -> Response:
         _, fact = self._fact(fact_id)
@@ -149,8 +147,6 @@ class SubjectFactList(SubjectView):
         "subject_facts_list",
         "The caller's facts of a subject",
         FactOutputSerializer(many=True),
-        on_conversation=False,
-        parameters=[schema.SUBJECT],
         description="Shared by every conversation of the caller that names the subject "
         "(`subject` on the conversation); a subject no fact has yet lists none. "
         "`in_context` is null: whether a block shows a fact depends on the conversation "
@@ -164,14 +160,9 @@ class SubjectFactList(SubjectView):
         "Add a fact to a subject, for every conversation naming it",
         FactOutputSerializer,
         status=201,
-        request=FactCreateInputSerializer,
-        on_conversation=False,
-        parameters=[schema.SUBJECT],
         errors_too=schema.BODY,
-        description="`key` (one line, at most 200 characters) and `value` (at most 2000) "
-        "are stripped and must not be blank; the key is normalized as the summarizer's are "
-        "(`Order ID` is `order_id`), and one the subject has already is a 400 naming "
-        f"`key`. A subject's fact may come before any conversation names it. {WRITE_NOTE}",
+        description=f"{KEY_NOTE % 'subject'} A subject's fact may come before any "
+        f"conversation names it. {WRITE_NOTE}",
     )
     def post(self, request: Request, subject: str) -> Response:
         name = self.subject()
@@ -192,8 +183,6 @@ class SubjectFactDetail(SubjectView):
         "subject_facts_retrieve",
         "One of the caller's facts of a subject",
         FactOutputSerializer,
-        on_conversation=False,
-        parameters=[schema.SUBJECT, FACT_ID],
     )
     def get(self, request: Request, subject: str, fact_id: str) -> Response:
         return Response(FactOutputSerializer(self._fact(fact_id)).data)
@@ -202,9 +191,6 @@ class SubjectFactDetail(SubjectView):
         "subject_facts_partial_update",
         "Change a subject's fact: its value, key or pin",
         FactOutputSerializer,
-        request=FactInputSerializer,
-        on_conversation=False,
-        parameters=[schema.SUBJECT, FACT_ID],
         errors_too=schema.BODY,
         description=f"Any of `value`, `key` and `pinned`. {WRITE_NOTE}",
     )
@@ -219,8 +205,6 @@ class SubjectFactDetail(SubjectView):
         "Delete a subject's fact, for every conversation naming the subject",
         None,
         status=204,
-        on_conversation=False,
-        parameters=[schema.SUBJECT, FACT_ID],
     )
     def delete(self, request: Request, subject: str, fact_id: str) -> Response:
         services.fact_delete(fact=self._fact(fact_id), user=request.user)
