@@ -70,7 +70,8 @@ def _take(pk: Any, *, db: str, now: datetime, where: Q | None) -> str | None:
     try:
         return TURN.take(pk, db=db, now=now, where=where, chat_calls=calls)
     except ChatState.DoesNotExist:
-        if not Conversation.objects.using(db).filter(pk=pk).exists():
+        # Locked, not only looked up: a delete meanwhile would fail the state's row at commit.
+        if not Conversation.objects.using(db).select_for_update().filter(pk=pk).exists():
             raise Conversation.DoesNotExist from None
         ChatState.objects.using(db).get_or_create(conversation_id=pk)
         return TURN.take(pk, db=db, now=now, where=where, chat_calls=calls)
