@@ -72,17 +72,17 @@ class ChatResult:
 class _Turn:
     """A reserved turn, ready for its model call."""
 
-    conversation: Conversation
+    caller: Conversation  # the instance chat_turn was given, updated at the end
+    conversation: Conversation  # its row as read once reserved: what the turn plans from
     reservation: Reservation
     message: dict[str, Any] | None
     request: list[dict[str, Any]]  # what the model is sent
+    sent: ActiveContext  # the stored context the request holds
     options: dict[str, Any]
     attempts: Attempts
     user: Any
     compaction: AutoCompaction | None
-    idempotency: Claim | None = None
-    caller: Conversation | None = None  # the instance chat_turn was given, updated at the end
-    sent: ActiveContext | None = None  # the stored context the request holds
+    idempotency: Claim | None
 
 
 @overload
@@ -162,21 +162,20 @@ def chat_turn(
     owner = user if user is not None else _Owner(conversation.owner_id)
     reservation = turn_reserve(conversation, user=owner, db=db)
     try:
-        turn = _prepare(_row(reservation), reservation, cleaned, options, user)
-        turn.caller, turn.idempotency = conversation, idempotency
+        turn = _prepare(conversation, reservation, cleaned, options, user, idempotency)
+        if stream:
+            return ChatStream(turn)
+        completion, reply = call_model(turn.attempts, turn.request, turn.options)
+        return _commit(
+            turn,
+            reply,
+            usage=completion.usage,
+            finish_reason=completion.finish_reason,
+            streamed=False,
+        )
     except BaseException:
         turn_release(reservation)
         raise
-    if stream:
-        return ChatStream(turn)
-    return _complete(turn)
-
-
-def _row(reservation: Reservation) -> Conversation:
-    """The conversation's row as read once the turn holds its lock: what the turn plans
-    from (trigger, ceiling, model), never the caller's instance, which may be stale."""
-    rows = Conversation.objects.using(reservation.db)
-    return rows.get(pk=reservation.conversation_pk)
 
 
 @dataclass(frozen=True)
@@ -206,14 +205,17 @@ def _message_check(conversation: Conversation, message: Any) -> dict[str, Any] |
 
 
 def _prepare(
-    conversation: Conversation,
+    caller: Conversation,
     reservation: Reservation,
     cleaned: dict[str, Any] | None,
     options: dict[str, Any],
     user: Any,
+    idempotency: Claim | None,
 ) -> _Turn:
-    """Compact if due, check the ceiling, and build the request, all from ``conversation``,
-    the row as the reservation left it."""
+    """Compact if due, check the ceiling, and build the request, all from the conversation's
+    row as the reservation left it, never from ``caller``, which may be stale."""
+    rows = Conversation.objects.using(reservation.db)
+    conversation = rows.get(pk=reservation.conversation_pk)
     new = [cleaned] if cleaned is not None else []
     new_tokens = sum(messages_count(conversation, new))
     context, compaction = _compact_if_due(conversation, len(new), new_tokens)
@@ -223,15 +225,17 @@ def _prepare(
         raise ContextTooLong(CONTEXT_TOO_LONG.format(tokens=size, limit=ceiling))
     primary = options.pop("model", None) or conversation.model or ctxsum_settings.DEFAULT_MODEL
     return _Turn(
+        caller=caller,
         conversation=conversation,
         reservation=reservation,
         message=cleaned,
         request=[*context.messages, *new],
+        sent=context,
         options=options,
         attempts=Attempts(models=model_chain(primary)),
         user=user,
         compaction=compaction,
-        sent=context,
+        idempotency=idempotency,
     )
 
 
@@ -254,23 +258,6 @@ def _compact_if_due(
         summary_version=result.summary.version if result.summary else None,
         over_trigger=result.over_trigger,
     )
-
-
-def _complete(turn: _Turn) -> ChatResult:
-    """The plain (not streamed) call, then the commit; the reservation is given back when
-    either fails."""
-    try:
-        completion, reply = call_model(turn.attempts, turn.request, turn.options)
-        return _commit(
-            turn,
-            reply,
-            usage=completion.usage,
-            finish_reason=completion.finish_reason,
-            streamed=False,
-        )
-    except BaseException:
-        turn_release(turn.reservation)
-        raise
 
 
 class ChatStream:
@@ -335,14 +322,16 @@ def _commit(
             locked = turn_lock(turn.reservation)
         except LeaseLost as lost:
             raise TurnInProgress(TURN_TAKEN_OVER) from lost
-        if turn.sent is not None and not _sent_unredacted(locked, turn.sent):
+        if not _sent_unredacted(locked, turn.sent):
             raise ContextRedacted(CONTEXT_REDACTED)
         key_applied(turn.idempotency)
         if locked.model != conversation.model:
             # The model changed during the call: counted with the encoding it names now.
             counts = messages_count(locked, rows)
         stored = messages_insert(locked, rows, counts)
-        record = ChatTurn.objects.using(db).create(
+        record = ChatTurn.objects.using(
+            db
+        ).create(
             conversation=locked,
             user_id=turn.user.pk if turn.user is not None else conversation.owner_id,
             message=stored[0] if turn.message is not None else None,
@@ -362,9 +351,10 @@ def _commit(
         # the next turn compacts before its call if none has run by then).
         autocompact_schedule(locked)
         signal_after_commit("messages_appended", locked, db=db, messages=stored)
-    caller = turn.caller or conversation
-    caller.update_from(locked)
-    return ChatResult(conversation=caller, messages=stored, turn=record, compaction=turn.compaction)
+    turn.caller.update_from(locked)
+    return ChatResult(
+        conversation=turn.caller, messages=stored, turn=record, compaction=turn.compaction
+    )
 
 
 def _sent_unredacted(locked: Conversation, sent: ActiveContext) -> bool:
