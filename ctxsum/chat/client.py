@@ -81,13 +81,7 @@ def complete(
     *, model: str, messages: list[dict[str, Any]], options: Mapping[str, Any]
 ) -> Completion:
     """One chat completion; raises ModelError."""
-    # The messages and options were checked by ctxsum, not typed as the client's params.
-    create: Any = chat_client().chat.completions.create
-    try:
-        response = create(model=model, messages=messages, **request_options(options))
-    except Exception as exc:
-        raise model_error(exc) from exc
-    return _completion(response)
+    return _completion(_create(model=model, messages=messages, **request_options(options)))
 
 
 def stream(
@@ -96,17 +90,13 @@ def stream(
     """The chunks of one streamed chat completion, as dicts, the usage chunk last; raises
     ModelError when the request fails or the stream breaks off. Nothing is sent before the
     first ``next()``."""
-    create: Any = chat_client().chat.completions.create
-    try:
-        response = create(
-            model=model,
-            messages=messages,
-            stream=True,
-            stream_options={"include_usage": True},
-            **request_options(options),
-        )
-    except Exception as exc:
-        raise model_error(exc) from exc
+    response = _create(
+        model=model,
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        **request_options(options),
+    )
     try:
         for chunk in response:
             yield chunk.to_dict(mode="json", exclude_unset=True)
@@ -117,6 +107,15 @@ def stream(
         raise ModelError(broken, transient=True, cause=exc) from exc
     finally:
         response.close()
+
+
+def _create(**params: Any) -> Any:
+    # The messages and options were checked by ctxsum, not typed as the client's params.
+    create: Any = chat_client().chat.completions.create
+    try:
+        return create(**params)
+    except Exception as exc:
+        raise model_error(exc) from exc
 
 
 def model_error(exc: BaseException) -> ModelError:
