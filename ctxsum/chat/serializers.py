@@ -22,24 +22,21 @@ from ctxsum.api.serializers import (
 from ctxsum.chat import schema as chat_schema
 from ctxsum.chat.models import ChatTurn
 
-TurnMessageField = checked_by_service(chat_schema.TurnMessage)
-ToolsField = checked_by_service(chat_schema.Tools)
-ToolChoiceField = checked_by_service(chat_schema.ToolChoice)
-TemperatureField = checked_by_service(chat_schema.Temperature)  # a JSON number, not a string
-MaxCompletionTokensField = checked_by_service(chat_schema.MaxCompletionTokens)  # a JSON integer
-
 
 class ChatInputSerializer(StrictSerializer):
     """A chat turn: ``message`` is required (null continues after tool results); the options
     are passed on to the model, each checked by the service; null leaves one unset."""
 
-    message = TurnMessageField(allow_null=True)
+    message = checked_by_service(chat_schema.TurnMessage)(allow_null=True)
     stream = serializers.BooleanField(default=False)
     model = StringField(required=False, allow_null=True)
-    tools = ToolsField(required=False, allow_null=True)
-    tool_choice = ToolChoiceField(required=False, allow_null=True)
-    temperature = TemperatureField(required=False, allow_null=True)
-    max_completion_tokens = MaxCompletionTokensField(required=False, allow_null=True)
+    tools = checked_by_service(chat_schema.Tools)(required=False, allow_null=True)
+    tool_choice = checked_by_service(chat_schema.ToolChoice)(required=False, allow_null=True)
+    # Taken as JSON, not coerced: "0.5" or "100" is refused, not read as a number.
+    temperature = checked_by_service(chat_schema.Temperature)(required=False, allow_null=True)
+    max_completion_tokens = checked_by_service(chat_schema.MaxCompletionTokens)(
+        required=False, allow_null=True
+    )
 
 
 class ChatUsageOutputSerializer(serializers.ModelSerializer[ChatTurn]):
