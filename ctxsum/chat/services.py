@@ -27,7 +27,7 @@ from ctxsum.chat.completions import (
 from ctxsum.chat.exceptions import ContextRedacted, ContextTooLong, ModelError, TurnInProgress
 from ctxsum.chat.model_calls import Attempts, call_model, model_chain, reply_clean, stream_model
 from ctxsum.chat.models import ChatTurn
-from ctxsum.chat.turns import Reservation, turn_lock, turn_release, turn_reserve, turn_unlock
+from ctxsum.chat.turns import TURN, Reservation, turn_lock, turn_release, turn_reserve
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid
 from ctxsum.models import Conversation, Message
@@ -345,7 +345,8 @@ def _commit(
             streamed=streamed,
             finish_reason=finish_reason[:32],
         )
-        turn_unlock(turn.reservation)
+        # The turn lock goes with the commit; the turn's call stays counted.
+        TURN.release(turn.reservation.conversation_pk, turn.reservation.token, db=db)
         # When the pair brings the context to its trigger, a background compaction is
         # queued for after the commit (never one in this process: the reply is waiting;
         # the next turn compacts before its call if none has run by then).

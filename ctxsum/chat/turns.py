@@ -146,9 +146,3 @@ def turn_lock(reservation: Reservation) -> Conversation:
             raise Conversation.DoesNotExist
         raise LeaseLost
     return locked
-
-
-def turn_unlock(reservation: Reservation) -> None:
-    """Release the turn lock of a stored turn (its call stays counted), in the commit's
-    transaction."""
-    TURN.release(reservation.conversation_pk, reservation.token, db=reservation.db)
