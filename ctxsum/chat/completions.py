@@ -131,17 +131,9 @@ def _tool_error(index: int, tool: Any) -> str | None:
 def _tool_choice_error(value: Any) -> str | None:
     if isinstance(value, str):
         return None if value in TOOL_CHOICES else str(TOOL_CHOICE_TYPE)
-    if isinstance(value, Mapping) and set(value) == {"type", "function"}:
-        function = value["function"]
-        if (
-            value["type"] == "function"
-            and isinstance(function, Mapping)
-            and set(function) == {"name"}
-            and isinstance(function["name"], str)
-            and FUNCTION_NAME.fullmatch(function["name"])
-        ):
-            return None
-    return str(TOOL_CHOICE_TYPE)
+    # A named choice is a valid tool whose function has its name alone.
+    named = _tool_error(0, value) is None and set(value["function"]) == {"name"}
+    return None if named else str(TOOL_CHOICE_TYPE)
 
 
 def _temperature_error(value: Any) -> str | None:
