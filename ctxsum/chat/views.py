@@ -75,9 +75,13 @@ class ConversationChat(CtxsumView):
             first = next(result) if isinstance(result, ChatStream) else None
         except MessagesInvalid as error:
             raise exceptions.ValidationError({"message": error.per_message[0]}) from error
-        if isinstance(result, ChatStream):
-            return event_stream(result, first, claim=self.idempotency)
-        return Response(ChatOutputSerializer(result).data)
+        if not isinstance(result, ChatStream):
+            return Response(ChatOutputSerializer(result).data)
+        events = _events(result, first, self.idempotency)
+        response = StreamingHttpResponse(events, content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+        return response
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # An EventSource asks for text/event-stream: answered as such when streaming, and
@@ -87,20 +91,10 @@ class ConversationChat(CtxsumView):
         return super().perform_content_negotiation(request, force)
 
 
-def event_stream(
-    stream: ChatStream, first: Any, *, claim: Claim | None = None
-) -> StreamingHttpResponse:
+def _events(stream: ChatStream, first: Any, claim: Claim | None) -> Iterator[bytes]:
     """The streamed turn as server-sent events (docs/architecture.md, "The chat turn"). The
     stream answers for an Idempotency-Key's ``claim`` itself: it stores the turn's answer
     once the turn is stored, and gives the key back when it ends without one."""
-    events = _events(stream, first, claim)
-    response = StreamingHttpResponse(events, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
-    return response
-
-
-def _events(stream: ChatStream, first: Any, claim: Claim | None) -> Iterator[bytes]:
     stored = False
     try:
         for event in itertools.chain([first], stream):
