@@ -45,23 +45,22 @@ class Attempts:
     def latency_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
 
-    def failed(self, error: ModelError) -> bool:
-        """After a failed attempt: whether to try again (the same model after its backoff,
-        or the next one); False when every model is spent."""
+    def failed(self, error: ModelError) -> None:
+        """After a failed attempt: wait for the same model's retry (its backoff), or move on
+        to the next model; raises the turn's ModelError when every model is spent."""
         logger.warning("Chat model %s failed (attempt %d): %s", self.model, self.count, error)
         if error.transient and self.retry < chat_settings.CHAT_RETRIES:
             self.retry += 1
             time.sleep(chat_settings.CHAT_RETRY_BACKOFF * 2 ** (self.retry - 1))
-            return True
-        if self.index + 1 < len(self.models):
+        elif self.index + 1 < len(self.models):
             self.index, self.retry = self.index + 1, 0
-            return True
-        return False
-
-    def exhausted(self, error: ModelError) -> ModelError:
-        """The error a turn fails with once every model is spent."""
-        message = EXHAUSTED.format(attempts=self.count, models=", ".join(self.models), error=error)
-        return ModelError(message, transient=error.transient, status=error.status, cause=error)
+        else:
+            models = ", ".join(self.models)
+            message = EXHAUSTED.format(attempts=self.count, models=models, error=error)
+            exhausted = ModelError(
+                message, transient=error.transient, status=error.status, cause=error
+            )
+            raise exhausted from error
 
 
 def model_chain(primary: str) -> list[str]:
@@ -117,8 +116,7 @@ def call_model(
             completion = client.complete(model=attempts.model, messages=messages, options=options)
             return completion, reply_clean(completion.message)
         except ModelError as error:
-            if not attempts.failed(error):
-                raise attempts.exhausted(error) from error
+            attempts.failed(error)
 
 
 def stream_model(
@@ -148,5 +146,4 @@ def stream_model(
             if passed_on:
                 logger.warning("Chat model %s broke off its stream: %s", attempts.model, error)
                 raise
-            if not attempts.failed(error):
-                raise attempts.exhausted(error) from error
+            attempts.failed(error)
