@@ -43,7 +43,6 @@ class Completion:
     message: dict[str, Any]
     finish_reason: str
     usage: Usage
-    model: str
 
 
 def chat_client() -> openai.OpenAI:
@@ -157,7 +156,6 @@ def _completion(response: Any) -> Completion:
         ),
         finish_reason=str(getattr(choices[0], "finish_reason", None) or ""),
         usage=Usage.from_provider(getattr(response, "usage", None)),
-        model=str(getattr(response, "model", None) or ""),
     )
 
 

@@ -202,10 +202,8 @@ class ReplyBuilder:
     calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
-    model: str = ""
 
     def add(self, chunk: Mapping[str, Any]) -> None:
-        self.model = chunk.get("model") or self.model
         if chunk.get("usage"):
             self.usage = Usage.from_provider(chunk["usage"])
         for choice in chunk.get("choices") or ():
