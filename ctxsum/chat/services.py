@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Generator, Iterator
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Any, Literal, overload
 
 from django.db import transaction
@@ -159,7 +160,8 @@ def chat_turn(
     # (a stream is iterated later) changes neither what is sent nor what is stored.
     cleaned, options = copy.deepcopy((cleaned, options))
     db = write_db(conversation)
-    owner = user if user is not None else _Owner(conversation.owner_id)
+    # The owner by pk only, all the daily count needs: no query for the user's row.
+    owner = user if user is not None else SimpleNamespace(pk=conversation.owner_id)
     reservation = turn_reserve(conversation, user=owner, db=db)
     try:
         turn = _prepare(conversation, reservation, cleaned, options, user, idempotency)
@@ -176,13 +178,6 @@ def chat_turn(
     except BaseException:
         turn_release(reservation)
         raise
-
-
-@dataclass(frozen=True)
-class _Owner:
-    """The conversation's owner, by pk only: what the daily count needs, without a query."""
-
-    pk: Any
 
 
 def _message_check(conversation: Conversation, message: Any) -> dict[str, Any] | None:
