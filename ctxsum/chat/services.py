@@ -168,13 +168,7 @@ def chat_turn(
         if stream:
             return ChatStream(turn)
         completion, reply = call_model(turn.attempts, turn.request, turn.options)
-        return _commit(
-            turn,
-            reply,
-            usage=completion.usage,
-            finish_reason=completion.finish_reason,
-            streamed=False,
-        )
+        return _commit(turn, reply, completion.usage, completion.finish_reason, streamed=False)
     except BaseException:
         turn_release(reservation)
         raise
@@ -214,9 +208,8 @@ def _prepare(
     new = [cleaned] if cleaned is not None else []
     new_tokens = sum(messages_count(conversation, new))
     context, compaction = _compact_if_due(conversation, len(new), new_tokens)
-    ceiling = context.max_context_tokens
-    if ceiling is not None and context.token_count + new_tokens > ceiling:
-        size = context.token_count + new_tokens
+    size, ceiling = context.token_count + new_tokens, context.max_context_tokens
+    if ceiling is not None and size > ceiling:
         raise ContextTooLong(CONTEXT_TOO_LONG.format(tokens=size, limit=ceiling))
     primary = options.pop("model", None) or conversation.model or ctxsum_settings.DEFAULT_MODEL
     return _Turn(
@@ -289,13 +282,7 @@ class ChatStream:
             if builder.finish_reason is None:
                 raise ModelError(client.STREAM_UNFINISHED, transient=True)
             reply = reply_clean(builder.message())
-            self.result = _commit(
-                turn,
-                reply,
-                usage=builder.usage,
-                finish_reason=builder.finish_reason,
-                streamed=True,
-            )
+            self.result = _commit(turn, reply, builder.usage, builder.finish_reason, streamed=True)
         except BaseException:
             # A model error, a refused commit, or the client gone (GeneratorExit).
             turn_release(turn.reservation)
@@ -304,7 +291,7 @@ class ChatStream:
 
 
 def _commit(
-    turn: _Turn, reply: dict[str, Any], *, usage: Usage, finish_reason: str, streamed: bool
+    turn: _Turn, reply: dict[str, Any], usage: Usage, finish_reason: str, *, streamed: bool
 ) -> ChatResult:
     """Store the new message and the reply, adjacent, with the turn's record, and release
     the turn lock: one transaction under the row lock, filtered on the turn lock."""
