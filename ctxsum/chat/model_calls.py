@@ -132,13 +132,11 @@ def stream_model(
         held: list[dict[str, Any]] = []
         try:
             for chunk in client.stream(model=attempts.model, messages=messages, options=options):
-                if not passed_on and not _says_something(chunk):
-                    held.append(chunk)
-                    continue
-                passed_on = True
-                yield from held
-                held.clear()
-                yield chunk
+                held.append(chunk)
+                if passed_on or _says_something(chunk):
+                    passed_on = True
+                    yield from held
+                    held.clear()
             if not passed_on:
                 raise ModelError(BLANK_REPLY, transient=True)
             return
