@@ -174,8 +174,6 @@ class Usage:
     def from_provider(cls, usage: Any) -> Usage:
         """From the ``usage`` of a completion or of a stream's last chunk (an object or a
         dict; None or anything malformed reads as nothing reported)."""
-        if usage is None:
-            return cls()
         details = _get(usage, "prompt_tokens_details")
         return cls(
             prompt_tokens=_count(_get(usage, "prompt_tokens")),
