@@ -34,7 +34,7 @@ class ChatRefused(exceptions.APIException):
     """A chat turn's error, answered with its status and code (``ANSWERS``); a 429 names the
     limit of model calls it reached (``scope``)."""
 
-    def __init__(self, detail: str, *, status_code: int, code: str, scope: str | None) -> None:
+    def __init__(self, detail: str, status_code: int, code: str, *, scope: str | None) -> None:
         super().__init__(detail, code)
         self.status_code = status_code
         self.default_code = code
@@ -52,7 +52,4 @@ def chat_exception(exc: Exception) -> Exception | None:
         # event, not a bug, so no traceback.
         logger.error("Chat model error: %s", exc)
         detail = str(MODEL_FAILED)
-    status_code, code = answer
-    return ChatRefused(
-        detail, status_code=status_code, code=code, scope=getattr(exc, "scope", None)
-    )
+    return ChatRefused(detail, *answer, scope=getattr(exc, "scope", None))
