@@ -65,10 +65,9 @@ def _chat_option_problems(options: object) -> list[str]:
         return [f"CTXSUM['CHAT_OPTIONS'] must be a dict, not {options!r}."]
     problems = [
         f"CTXSUM['CHAT_OPTIONS'] has an unknown key {key!r}; known: {', '.join(sorted(OPTIONS))}."
-        for key in sorted(set(options) - OPTIONS, key=str)
+        for key in sorted(set(options) - set(OPTIONS), key=str)
     ]
-    types = {"base_url": str, "api_key": str, "extra_body": dict, "max_tokens_param": str}
-    for key, kind in types.items():
+    for key, kind in OPTIONS.items():
         if options.get(key) is not None and not isinstance(options[key], kind):
             problems.append(f"CTXSUM['CHAT_OPTIONS'][{key!r}] must be a {kind.__name__}.")
     param = options.get("max_tokens_param")

@@ -19,7 +19,7 @@ from ctxsum.chat.conf import chat_settings
 from ctxsum.chat.exceptions import ModelError
 from ctxsum.summarizers.openai import MAX_TOKENS_PARAMS, error_detail, openai_client
 
-OPTIONS = frozenset({"base_url", "api_key", "extra_body", "max_tokens_param"})
+OPTIONS = {"base_url": str, "api_key": str, "extra_body": dict, "max_tokens_param": str}
 # Statuses worth another try: timeout, conflict (a lock on the provider's side), rate
 # limit, and every server error (the openai client's own choice).
 TRANSIENT_STATUSES = frozenset({408, 409, 429})
