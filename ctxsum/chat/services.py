@@ -248,7 +248,7 @@ def _compact_if_due(
     )
 
 
-class ChatStream:
+class ChatStream(Iterator[dict[str, Any] | ChatResult]):
     """A streamed turn: iterating it calls the model and yields each chunk of its answer (an
     OpenAI ``chat.completion.chunk`` as a dict, the usage chunk included), then, once the
     reply is stored, the ChatResult. A failure raises from the iteration; nothing is stored
@@ -259,9 +259,6 @@ class ChatStream:
         self.result: ChatResult | None = None
         self._started = False
         self._events = self._run()
-
-    def __iter__(self) -> Iterator[dict[str, Any] | ChatResult]:
-        return self
 
     def __next__(self) -> dict[str, Any] | ChatResult:
         self._started = True
