@@ -55,7 +55,7 @@ def turn_reserve(conversation: Conversation, *, user: Any, db: str) -> Reservati
     with transaction.atomic(using=db):
         token = _take(conversation.pk, db=db, now=now, where=under)
         if token is None:
-            _refuse(conversation, db=db)
+            _refuse(conversation, limit, db=db)
         user_pk = _day_reserve(user, now.date(), db=db)
     return Reservation(
         conversation_pk=conversation.pk, token=token, user_pk=user_pk, day=now.date(), db=db
@@ -77,11 +77,10 @@ def _take(pk: Any, *, db: str, now: datetime, where: Q | None) -> str | None:
         return TURN.take(pk, db=db, now=now, where=where, chat_calls=calls)
 
 
-def _refuse(conversation: Conversation, *, db: str) -> NoReturn:
+def _refuse(conversation: Conversation, limit: int | None, *, db: str) -> NoReturn:
     """Why the claim left the row, which exists, alone: the limit, or another turn's lock.
     Read after the claim: a lock released meanwhile was still held when the claim ran,
     while a call count never goes down but by a failed turn's release."""
-    limit = chat_settings.CHAT_MAX_CALLS_PER_CONVERSATION
     rows = ChatState.objects.using(db).filter(pk=conversation.pk)
     if limit is not None and not rows.filter(chat_calls__lt=limit).exists():
         raise CallLimitReached(CONVERSATION_LIMIT.format(limit=limit), scope="conversation")
