@@ -1,6 +1,5 @@
-"""The chat app's admin, read-only: the stored turns (the model that answered, its attempts
-and fallbacks, the usage the provider reported) and each conversation's chat state (its
-calls and its turn lock). Found by the admin's autodiscovery of the app."""
+"""The chat app's admin, read-only: the stored turns and each conversation's chat state,
+found by the admin's autodiscovery of the app."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""System checks of the chat turn's settings (the CHAT_* keys of CTXSUM): ctxsum.E014 for
-a bad value, ctxsum.W005 for a turn lock shorter than one model call. Registered by
+"""System checks of the chat turn's settings (the CHAT_* keys of CTXSUM), registered by
 ``ChatConfig.ready()``; the core checks the rest of CTXSUM."""
 
 from __future__ import annotations

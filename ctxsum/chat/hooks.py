@@ -1,7 +1,6 @@
 """How the chat turn joins the core's commits: a conversation's creation makes its chat
-state (the turn lock and the call count) in the same transaction, so its first turn finds
-the row there. A conversation made before the app was installed gets its state from its
-first turn (``turns._take``)."""
+state in the same transaction, so its first turn finds the row there (one made before the
+app was installed gets it from its first turn: ``turns._take``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The chat model call of a turn: the primary model, each transient error (429, 408, 409,
 5xx, timeout, connection) retried CHAT_RETRIES times with a doubling backoff, then each of
-CHAT_FALLBACK_MODELS; any other error moves on to the next model at once. A stream is
-retried only until one of its chunks has been passed on. The summarizer never comes
-through here: it makes one attempt.
+CHAT_FALLBACK_MODELS; any other error moves on to the next model at once. The summarizer
+never comes through here: it makes one attempt.
 """
 
 from __future__ import annotations

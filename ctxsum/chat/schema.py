@@ -1,7 +1,6 @@
 """The OpenAPI description of the chat turn (``ctxsum.api.schema`` holds the core's): its
 options' schemas, its streamed answer, its 429, and the keys it adds to a conversation's
-stats. ``declare()`` adds the last two to the core's document; ``ChatConfig.ready()`` calls
-it."""
+stats."""
 
 from __future__ import annotations
 
