@@ -1,6 +1,5 @@
 """The chat turn's errors as the HTTP errors they mean, each with a stable ``code``
-(docs/api.md lists them), mapped through the core's ``api_exception`` (ChatConfig.ready
-registers ``chat_exception`` with ``map_app_errors``)."""
+(docs/api.md lists them), mapped through the core's ``api_exception``."""
 
 from __future__ import annotations
 

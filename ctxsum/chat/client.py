@@ -1,8 +1,7 @@
 """The chat model's client: one chat completions request, plain or streamed, against any
 OpenAI-compatible base URL (``CHAT_OPTIONS``), with the client's own retries off: the turn's
 model calls (``ctxsum.chat.model_calls``) retry and fall back themselves, so they see every
-attempt. Every failure is a ``ModelError`` that says whether another try could succeed.
-"""
+attempt."""
 
 from __future__ import annotations
 
