@@ -159,10 +159,9 @@ def chat_turn(
     # Copies, once checked: a caller that changes its message or tools while the turn runs
     # (a stream is iterated later) changes neither what is sent nor what is stored.
     cleaned, options = copy.deepcopy((cleaned, options))
-    db = write_db(conversation)
     # The owner by pk only, all the daily count needs: no query for the user's row.
     owner = user if user is not None else SimpleNamespace(pk=conversation.owner_id)
-    reservation = turn_reserve(conversation, user=owner, db=db)
+    reservation = turn_reserve(conversation, user=owner, db=write_db(conversation))
     try:
         turn = _prepare(conversation, reservation, cleaned, options, user, idempotency)
         if stream:
