@@ -64,11 +64,7 @@ class Attempts:
 
 def model_chain(primary: str) -> list[str]:
     """The primary model, then each fallback model once."""
-    models = [primary]
-    for model in chat_settings.CHAT_FALLBACK_MODELS or ():
-        if model not in models:
-            models.append(model)
-    return models
+    return list(dict.fromkeys([primary, *(chat_settings.CHAT_FALLBACK_MODELS or ())]))
 
 
 def reply_clean(message: dict[str, Any]) -> dict[str, Any]:
