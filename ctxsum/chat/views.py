@@ -60,12 +60,11 @@ class ConversationChat(CtxsumView):
     def post(self, request: Request, pk: str) -> Response | StreamingHttpResponse:
         conversation = self.get_conversation()
         fields = {k: v for k, v in self.validated(ChatInputSerializer).items() if v is not None}
-        stream = fields.pop("stream", False)
         try:
             result = chat_turn(
                 conversation=conversation,
                 message=fields.pop("message", None),
-                stream=stream,
+                stream=fields.pop("stream", False),
                 user=request.user,
                 idempotency=self.idempotency,
                 **fields,
