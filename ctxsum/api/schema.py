@@ -362,22 +362,22 @@ def operation(
 ) -> Callable[[Any], Any]:
     """``extend_schema`` for one of ctxsum's operations: its answer on success (as JSON, and
     as ``text/event-stream`` described by ``streamed`` when given), the error answers it can
-    give (every operation's, and ``errors_too``); its path's segments described by their
-    converters (``OperationSchema``), its body by the view's ``serializer_class`` unless
-    ``request`` names another."""
+    give (every operation's, a body's for a POST, PUT or PATCH, and ``errors_too``); its
+    path's segments described by their converters (``OperationSchema``), its body by the
+    view's ``serializer_class`` unless ``request`` names another."""
     success: dict[Any, Any] = {status: response}
     if streamed is not None:
         success = {(status, JSON): response, (status, EVENT_STREAM): streamed}
-    described = extend_schema(
-        operation_id=operation_id,
-        summary=summary,
-        description=description,
-        request=request,
-        responses={**success, **errors(*errors_too)},
-    )
 
     def decorate(handler: Any) -> Any:
-        declared = described(handler).kwargs
+        body = BODY if handler.__name__ in ("post", "put", "patch") else ()
+        declared = extend_schema(
+            operation_id=operation_id,
+            summary=summary,
+            description=description,
+            request=request,
+            responses={**success, **errors(*body, *errors_too)},
+        )(handler).kwargs
         declared["schema"] = type("CtxsumSchema", (OperationSchema, declared["schema"]), {})
         return handler
 
