@@ -144,7 +144,7 @@ class ApiRootOutputSerializer(serializers.Serializer[Any]):
 
 
 class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
-    covers = serializers.SerializerMethodField()
+    covers = schema.Covers(source="*", read_only=True)
     previous_version = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField()
 
@@ -170,10 +170,6 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
         ]
         # Output only: every field is in every answer.
         read_only_fields = fields
-
-    @extend_schema_field(schema.Covers)
-    def get_covers(self, summary: Summary) -> dict[str, int]:
-        return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_previous_version(self, summary: Summary) -> int | None:
