@@ -82,16 +82,6 @@ REFUSALS = {
 Handler = Callable[..., Response | StreamingHttpResponse]
 
 
-def idempotency_key(request: Request) -> str | None:
-    """The request's Idempotency-Key, or None without one; InvalidIdempotencyKey when it is
-    not one (empty, too long, not visible ASCII)."""
-    # Under WSGI a header's bytes arrive as Latin-1 text: anything past ASCII fails here.
-    key: str | None = request.META.get(META_NAME)
-    if key is not None and not KEY_FORM.fullmatch(key):
-        raise InvalidIdempotencyKey
-    return key
-
-
 def keep_raw_body(request: Request) -> None:
     """Read the body of a request with an Idempotency-Key before anything parses it (a
     session's CSRF check does, during authentication): its bytes are what the key's
@@ -134,9 +124,12 @@ def idempotent(handler: Handler) -> Handler:
     def answer(
         view: CtxsumView, request: Request, *args: Any, **kwargs: Any
     ) -> Response | StreamingHttpResponse:
-        key = idempotency_key(request)
+        key: str | None = request.META.get(META_NAME)
         if key is None:
             return handler(view, request, *args, **kwargs)
+        # Under WSGI a header's bytes arrive as Latin-1 text: anything past ASCII fails here.
+        if not KEY_FORM.fullmatch(key):
+            raise InvalidIdempotencyKey
         body = _raw_body(request)
         operation = f"{request.method} {type(view).__name__}"
         found = key_claim(
