@@ -271,9 +271,7 @@ class BadGateway(Error):
     """The summarizer failed (``summarizer_error``, with its ``reason``), or for a chat turn
     the model did (``model_error``); nothing was changed."""
 
-    reason = serializers.ChoiceField(
-        choices=[(str(r), str(r)) for r in FAILURE_REASONS], required=False
-    )
+    reason = serializers.ChoiceField(choices=[str(r) for r in FAILURE_REASONS], required=False)
 
 
 class FieldErrors(RawSchema):

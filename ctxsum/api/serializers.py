@@ -324,7 +324,7 @@ class CompactionOutputSerializer(LeftOutWhenNone):
 
     left_out = ("plan",)
     compacted = serializers.BooleanField()
-    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.COMPACTION_REASONS])
+    reason = serializers.ChoiceField(choices=[str(r) for r in schema.COMPACTION_REASONS])
     over_trigger = serializers.BooleanField()
     summary = SummaryOutputSerializer(allow_null=True)
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
@@ -363,7 +363,7 @@ class RebuildOutputSerializer(ContextAfterWrite):
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
     rebuilt = serializers.BooleanField()
-    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REBUILD_REASONS])
+    reason = serializers.ChoiceField(choices=[str(r) for r in schema.REBUILD_REASONS])
     summary = SummaryOutputSerializer(allow_null=True)
     replaced_version = serializers.IntegerField(source="replaced.version", allow_null=True)
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
@@ -375,7 +375,7 @@ class RevertOutputSerializer(ContextAfterWrite):
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
     reverted = serializers.BooleanField()
-    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REVERT_REASONS])
+    reason = serializers.ChoiceField(choices=[str(r) for r in schema.REVERT_REASONS])
     reverted_version = serializers.IntegerField(source="reverted_summary.version")
     messages_restored = serializers.SerializerMethodField()
     summary = SummaryOutputSerializer(allow_null=True)
