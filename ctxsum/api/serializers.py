@@ -350,7 +350,8 @@ class CompactionOutputSerializer(LeftOutWhenNone):
 
 
 class ContextAfterWrite(serializers.Serializer[Any]):
-    """An answer with the context after a write, which the view passes."""
+    """An answer with the context after a write, which the view passes; a subclass declares
+    ``context`` (DRF takes declared fields off the class: it does not shadow ``self.context``)."""
 
     @extend_schema_field(ContextOutputSerializer(allow_null=True))
     def get_context(self, result: Any) -> dict[str, Any] | None:
@@ -366,7 +367,6 @@ class RebuildOutputSerializer(ContextAfterWrite):
     reason = serializers.ChoiceField(choices=[str(r) for r in schema.REBUILD_REASONS])
     summary = SummaryOutputSerializer(allow_null=True)
     replaced_version = serializers.IntegerField(source="replaced.version", allow_null=True)
-    # DRF takes declared fields off the class, so this does not shadow Serializer.context.
     context = serializers.SerializerMethodField()  # type: ignore[assignment]
 
 
@@ -379,7 +379,6 @@ class RevertOutputSerializer(ContextAfterWrite):
     reverted_version = serializers.IntegerField(source="reverted_summary.version")
     messages_restored = serializers.SerializerMethodField()
     summary = SummaryOutputSerializer(allow_null=True)
-    # DRF takes declared fields off the class, so this does not shadow Serializer.context.
     context = serializers.SerializerMethodField()  # type: ignore[assignment]
 
     def get_messages_restored(self, reverted: Any) -> int:
