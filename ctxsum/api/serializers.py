@@ -24,7 +24,6 @@ logger = logging.getLogger("ctxsum.api")
 T = TypeVar("T")
 
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
-# Logged when a part of a write's answer could not be read after the write committed.
 READ_AFTER_WRITE_FAILED = (
     "Conversation %s: its write committed, but %s could not be read for the answer; "
     "answered without it (null)."
