@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.exceptions import PermissionDenied
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.http import Http404
@@ -121,18 +120,16 @@ class CtxsumView(GenericAPIView[Any]):
     def get_conversation(self) -> Conversation:
         """The conversation the path names, looked up once per request."""
         if self._conversation is None:
-            self._conversation = self._conversation_lookup()
-        return self._conversation
-
-    def _conversation_lookup(self) -> Conversation:
-        # Someone else's conversation, a missing one and a malformed id answer alike.
-        pk = paths.ConversationId.parse(self.kwargs["pk"])
-        try:
+            # Someone else's conversation, a missing one and a malformed id answer alike (an
+            # id in canonical form is a valid UUID: the query cannot fail on it).
+            pk = paths.ConversationId.parse(self.kwargs["pk"])
             if pk is None:
-                raise ValueError(self.kwargs["pk"])
-            return self.get_queryset().get(pk=pk)
-        except (Conversation.DoesNotExist, DjangoValidationError, ValueError) as error:
-            raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
+                raise exceptions.NotFound(CONVERSATION_NOT_FOUND)
+            try:
+                self._conversation = self.get_queryset().get(pk=pk)
+            except Conversation.DoesNotExist as error:
+                raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
+        return self._conversation
 
 
 def from_path(parse: Callable[[str], T | None], missing: Any) -> Callable[[str], T]:

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ctxsum.api")
 
-HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 META_NAME = "HTTP_IDEMPOTENCY_KEY"
 # Visible ASCII: no spaces, no control characters, nothing a header cannot carry as sent.
@@ -80,22 +79,7 @@ REFUSALS = {
 }
 
 
-def refusal(found: Found) -> IdempotencyConflict:
-    detail, code = REFUSALS[found]
-    return IdempotencyConflict(detail, code)
-
-
 Handler = Callable[..., Response | StreamingHttpResponse]
-
-
-def idempotency_key(request: Request) -> str | None:
-    """The request's Idempotency-Key, or None without one; InvalidIdempotencyKey when it is
-    not one (empty, too long, not visible ASCII)."""
-    # Under WSGI a header's bytes arrive as Latin-1 text: anything past ASCII fails here.
-    key: str | None = request.META.get(META_NAME)
-    if key is not None and not KEY_FORM.fullmatch(key):
-        raise InvalidIdempotencyKey
-    return key
 
 
 def keep_raw_body(request: Request) -> None:
@@ -114,13 +98,11 @@ def keep_raw_body(request: Request) -> None:
 
 def _raw_body(request: Request) -> bytes:
     try:
-        body: bytes = request._request.body
+        return request._request.body
     except RawPostDataException:
         # Something read the stream before keep_raw_body could (a middleware of the
         # project's): the parsed body, in a canonical form, stands for the bytes.
-        canonical = json.dumps(request.data, sort_keys=True, separators=(",", ":"))
-        body = canonical.encode()
-    return body
+        return json.dumps(request.data, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _answer_store(claim: Claim, response: Response) -> None:
@@ -142,9 +124,12 @@ def idempotent(handler: Handler) -> Handler:
     def answer(
         view: CtxsumView, request: Request, *args: Any, **kwargs: Any
     ) -> Response | StreamingHttpResponse:
-        key = idempotency_key(request)
+        key: str | None = request.META.get(META_NAME)
         if key is None:
             return handler(view, request, *args, **kwargs)
+        # Under WSGI a header's bytes arrive as Latin-1 text: anything past ASCII fails here.
+        if not KEY_FORM.fullmatch(key):
+            raise InvalidIdempotencyKey
         body = _raw_body(request)
         operation = f"{request.method} {type(view).__name__}"
         found = key_claim(
@@ -157,13 +142,13 @@ def idempotent(handler: Handler) -> Handler:
         if isinstance(found, Answer):
             return Response(found.data, status=found.status, headers={REPLAYED_HEADER: "true"})
         if isinstance(found, Found):
-            raise refusal(found)
+            raise IdempotencyConflict(*REFUSALS[found])
         view.idempotency = found
         try:
             response = handler(view, request, *args, **kwargs)
         except LeaseLost as error:
             # An abandoned claim was taken over by a retry: that one runs, this one stops.
-            raise refusal(Found.IN_PROGRESS) from error
+            raise IdempotencyConflict(*REFUSALS[Found.IN_PROGRESS]) from error
         except BaseException:
             key_release(found)
             raise

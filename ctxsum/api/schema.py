@@ -34,6 +34,8 @@ Schema = dict[str, Any]
 Ref = Callable[[type[serializers.Serializer[Any]] | str], Schema]
 
 JSON = "application/json"
+# The message schema's $defs, each a component of the document.
+DEFINITIONS = "#/$defs/"
 EVENT_STREAM = "text/event-stream"
 
 
@@ -88,8 +90,8 @@ def _spelled(schema: Schema, ref: Ref) -> Schema:
     each of the message schema's $defs a component, and null as the OpenAPI version spells
     it (3.0 has no null type: ``nullable``, or an enum of null wrapped so that
     drf-spectacular's enum hook does not take it for a choice set and drop the null)."""
-    if schema.get("$ref", "").startswith("#/$defs/"):
-        return _ref_to(schema["$ref"], ref)
+    if schema.get("$ref", "").startswith(DEFINITIONS):
+        return ref(schema["$ref"].removeprefix(DEFINITIONS))
     spelled: Schema = {}
     for key, value in schema.items():
         if key == "properties":
@@ -99,7 +101,8 @@ def _spelled(schema: Schema, ref: Ref) -> Schema:
         elif key in ("oneOf", "anyOf", "allOf"):
             value = [_spelled(item, ref) for item in value]
         elif key == "discriminator":
-            mapping = {tag: _ref_to(to, ref)["$ref"] for tag, to in value["mapping"].items()}
+            targets = value["mapping"].items()
+            mapping = {tag: ref(to.removeprefix(DEFINITIONS))["$ref"] for tag, to in targets}
             value = {**value, "mapping": mapping}
         if not key.startswith("$") or key == "$ref":
             spelled[key] = value
@@ -111,11 +114,6 @@ def _spelled(schema: Schema, ref: Ref) -> Schema:
         (kind,) = [name for name in spelled["type"] if name != "null"]
         return {**spelled, "type": kind, "nullable": True}
     return spelled
-
-
-def _ref_to(target: str, ref: Ref) -> Schema:
-    """The component a reference to one of the message schema's $defs names."""
-    return ref(target.removeprefix("#/$defs/"))
 
 
 class ChatMessage(RawSchema):
@@ -145,21 +143,6 @@ class MessagesAppend(RawSchema):
     def build(cls, ref: Ref) -> Schema:
         batch = closed({"messages": ref(MessageList)}, required=("messages",))
         return {"oneOf": [ref(ChatMessage), batch]}
-
-
-def openai_message_properties(ref: Ref) -> Schema:
-    """The OpenAI fields of a stored message: whichever its role allows, as it was sent."""
-    contents = [message_schema.ref(name) for name in message_schema.CONTENTS]
-    properties = {
-        "role": {"type": "string", "enum": list(message_schema.ROLES)},
-        "content": _or_null({"anyOf": contents}),
-        "name": message_schema.NAME,
-        "tool_calls": message_schema.TOOL_CALLS,
-        "tool_call_id": message_schema.ID,
-        **message_schema.EXTRAS,
-    }
-    spelled: Schema = _spelled({"properties": properties}, ref)["properties"]
-    return spelled
 
 
 class SystemPrompt(RawSchema):
@@ -288,9 +271,7 @@ class BadGateway(Error):
     """The summarizer failed (``summarizer_error``, with its ``reason``), or for a chat turn
     the model did (``model_error``); nothing was changed."""
 
-    reason = serializers.ChoiceField(
-        choices=[(str(r), str(r)) for r in FAILURE_REASONS], required=False
-    )
+    reason = serializers.ChoiceField(choices=[str(r) for r in FAILURE_REASONS], required=False)
 
 
 class FieldErrors(RawSchema):
@@ -358,12 +339,11 @@ ALWAYS = (401, 403, 404, 406)
 BODY = (400, 411, 413, 415)
 
 
-def errors(*codes: int, always: bool = True) -> dict[int, OpenApiResponse]:
-    """The error answers ``codes``, and (unless ``always`` is off) those every operation has."""
-    chosen = sorted({*ALWAYS, *codes}) if always else codes
+def errors(*codes: int) -> dict[int, OpenApiResponse]:
+    """The error answers ``codes``, and those every operation has."""
     return {
         code: OpenApiResponse(response=ERRORS[code][0], description=ERRORS[code][1])
-        for code in chosen
+        for code in sorted({*ALWAYS, *codes})
     }
 
 
@@ -380,22 +360,22 @@ def operation(
 ) -> Callable[[Any], Any]:
     """``extend_schema`` for one of ctxsum's operations: its answer on success (as JSON, and
     as ``text/event-stream`` described by ``streamed`` when given), the error answers it can
-    give (every operation's, and ``errors_too``); its path's segments described by their
-    converters (``OperationSchema``), its body by the view's ``serializer_class`` unless
-    ``request`` names another."""
+    give (every operation's, a body's for a POST, PUT or PATCH, and ``errors_too``); its
+    path's segments described by their converters (``OperationSchema``), its body by the
+    view's ``serializer_class`` unless ``request`` names another."""
     success: dict[Any, Any] = {status: response}
     if streamed is not None:
         success = {(status, JSON): response, (status, EVENT_STREAM): streamed}
-    described = extend_schema(
-        operation_id=operation_id,
-        summary=summary,
-        description=description,
-        request=request,
-        responses={**success, **errors(*errors_too)},
-    )
 
     def decorate(handler: Any) -> Any:
-        declared = described(handler).kwargs
+        body = BODY if handler.__name__ in ("post", "put", "patch") else ()
+        declared = extend_schema(
+            operation_id=operation_id,
+            summary=summary,
+            description=description,
+            request=request,
+            responses={**success, **errors(*body, *errors_too)},
+        )(handler).kwargs
         declared["schema"] = type("CtxsumSchema", (OperationSchema, declared["schema"]), {})
         return handler
 
@@ -427,19 +407,12 @@ class OperationSchema:
 
     def get_response_serializers(self) -> Any:
         declared = super().get_response_serializers()  # type: ignore[misc]
-        return (
-            _by_status({**declared, **errors(409, always=False)}) if self.idempotent else declared
-        )
-
-
-def _by_status(responses: dict[Any, Any]) -> dict[Any, Any]:
-    """``responses`` in the order of their status codes (a key is a status, or a status
-    and a media type)."""
-
-    def status(key: Any) -> tuple[int, str]:
-        return (key, "") if isinstance(key, int) else (key[0], key[1])
-
-    return dict(sorted(responses.items(), key=lambda item: status(item[0])))
+        if not self.idempotent:
+            return declared
+        # In the order of their status codes (a key is a status, or a status and a media type).
+        responses = {**declared, **errors(409)}
+        order = sorted(responses, key=lambda key: key if isinstance(key, tuple) else (key, ""))
+        return {key: responses[key] for key in order}
 
 
 def idempotent(handler: Any) -> Any:
@@ -523,7 +496,18 @@ class MessageOutputExtension(OpenApiSerializerExtension):
 
     def map_serializer(self, auto_schema: AutoSchema, direction: Direction) -> Schema:
         stored: Schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
-        properties = {**openai_message_properties(_referrer(auto_schema)), **stored["properties"]}
+        # The OpenAI fields: whichever the message's role allows, as it was sent.
+        contents = [message_schema.ref(name) for name in message_schema.CONTENTS]
+        openai = {
+            "role": {"type": "string", "enum": list(message_schema.ROLES)},
+            "content": _or_null({"anyOf": contents}),
+            "name": message_schema.NAME,
+            "tool_calls": message_schema.TOOL_CALLS,
+            "tool_call_id": message_schema.ID,
+            **message_schema.EXTRAS,
+        }
+        spelled = _spelled({"properties": openai}, _referrer(auto_schema))["properties"]
+        properties = {**spelled, **stored["properties"]}
         required = ["role", "content", *stored.get("required", [])]
         return {
             **stored,
@@ -544,16 +528,13 @@ class LeftOutWhenNoneExtension(OpenApiSerializerExtension):
         left_out = self.target.left_out
         properties = dict(schema["properties"])
         for key in left_out:
-            properties[key] = _not_null(properties[key])
+            properties[key] = _bare(properties[key])
         required = [key for key in schema.get("required", []) if key not in left_out]
         return {**schema, "properties": properties, "required": required}
 
 
-def _not_null(schema: Schema) -> Schema:
-    """A nullable reference as drf-spectacular writes it (``allOf``/``oneOf`` beside null),
-    without the null."""
-    for key in ("allOf", "oneOf"):
-        references = [item for item in schema.get(key, []) if "$ref" in item]
-        if len(references) == 1:
-            return dict(references[0])
-    return schema
+def _bare(schema: Schema) -> Schema:
+    """A reference as drf-spectacular wraps it (in ``allOf`` or ``oneOf``, beside null or
+    ``readOnly``), bare."""
+    wrapped = [item for key in ("allOf", "oneOf") for item in schema.get(key, []) if "$ref" in item]
+    return dict(wrapped[0]) if len(wrapped) == 1 else schema

@@ -24,7 +24,6 @@ logger = logging.getLogger("ctxsum.api")
 T = TypeVar("T")
 
 POLICY_KEYS = ("trigger", "keep", "max_context_tokens")
-# Logged when a part of a write's answer could not be read after the write committed.
 READ_AFTER_WRITE_FAILED = (
     "Conversation %s: its write committed, but %s could not be read for the answer; "
     "answered without it (null)."
@@ -144,7 +143,7 @@ class ApiRootOutputSerializer(serializers.Serializer[Any]):
 
 
 class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
-    covers = serializers.SerializerMethodField()
+    covers = schema.Covers(source="*", read_only=True)
     previous_version = serializers.SerializerMethodField()
     stale = serializers.SerializerMethodField()
 
@@ -170,10 +169,6 @@ class SummaryOutputSerializer(serializers.ModelSerializer[Summary]):
         ]
         # Output only: every field is in every answer.
         read_only_fields = fields
-
-    @extend_schema_field(schema.Covers)
-    def get_covers(self, summary: Summary) -> dict[str, int]:
-        return {"from_seq": summary.from_seq, "to_seq": summary.to_seq}
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_previous_version(self, summary: Summary) -> int | None:
@@ -328,7 +323,7 @@ class CompactionOutputSerializer(LeftOutWhenNone):
 
     left_out = ("plan",)
     compacted = serializers.BooleanField()
-    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.COMPACTION_REASONS])
+    reason = serializers.ChoiceField(choices=[str(r) for r in schema.COMPACTION_REASONS])
     over_trigger = serializers.BooleanField()
     summary = SummaryOutputSerializer(allow_null=True)
     # DRF takes declared fields off the class, so this does not shadow Serializer.context.
@@ -354,7 +349,8 @@ class CompactionOutputSerializer(LeftOutWhenNone):
 
 
 class ContextAfterWrite(serializers.Serializer[Any]):
-    """An answer with the context after a write, which the view passes."""
+    """An answer with the context after a write, which the view passes; a subclass declares
+    ``context`` (DRF takes declared fields off the class: it does not shadow ``self.context``)."""
 
     @extend_schema_field(ContextOutputSerializer(allow_null=True))
     def get_context(self, result: Any) -> dict[str, Any] | None:
@@ -367,10 +363,9 @@ class RebuildOutputSerializer(ContextAfterWrite):
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
     rebuilt = serializers.BooleanField()
-    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REBUILD_REASONS])
+    reason = serializers.ChoiceField(choices=[str(r) for r in schema.REBUILD_REASONS])
     summary = SummaryOutputSerializer(allow_null=True)
     replaced_version = serializers.IntegerField(source="replaced.version", allow_null=True)
-    # DRF takes declared fields off the class, so this does not shadow Serializer.context.
     context = serializers.SerializerMethodField()  # type: ignore[assignment]
 
 
@@ -379,11 +374,10 @@ class RevertOutputSerializer(ContextAfterWrite):
     the context as ``context["active"]`` (None: it could not be read, ``context`` is null)."""
 
     reverted = serializers.BooleanField()
-    reason = serializers.ChoiceField(choices=[(str(r), str(r)) for r in schema.REVERT_REASONS])
+    reason = serializers.ChoiceField(choices=[str(r) for r in schema.REVERT_REASONS])
     reverted_version = serializers.IntegerField(source="reverted_summary.version")
     messages_restored = serializers.SerializerMethodField()
     summary = SummaryOutputSerializer(allow_null=True)
-    # DRF takes declared fields off the class, so this does not shadow Serializer.context.
     context = serializers.SerializerMethodField()  # type: ignore[assignment]
 
     def get_messages_restored(self, reverted: Any) -> int:

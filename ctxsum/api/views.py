@@ -11,6 +11,7 @@ from rest_framework import exceptions, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
+from rest_framework.serializers import Serializer
 
 from ctxsum import selectors, services
 from ctxsum.api import schema
@@ -65,11 +66,14 @@ def _service_fields(validated: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _context_after_write(conversation: Conversation) -> selectors.ActiveContext | None:
-    """The context for the answer of a write that committed; None (logged) when it cannot
-    be read: the answer's ``context`` is null then, and the answer still a success."""
+def _with_context(
+    output: type[Serializer[Any]], result: Any, conversation: Conversation
+) -> Response:
+    """``result`` shaped by ``output``, with the context after the write that committed; a
+    context that cannot be read is logged and null, and the answer still a success."""
     read = partial(selectors.context_get, conversation=conversation)
-    return read_after_write("the context", conversation.pk, read)
+    active = read_after_write("the context", conversation.pk, read)
+    return Response(output(result, context={"active": active}).data)
 
 
 def _detail(conversation: Conversation) -> dict[str, Any]:
@@ -107,7 +111,6 @@ class ConversationList(CtxsumView):
         "Create a conversation, with its system prompt and first messages",
         ConversationDetailOutputSerializer,
         status=201,
-        errors_too=schema.BODY,
     )
     def post(self, request: Request) -> Response:
         fields = _service_fields(self.validated(ConversationCreateInputSerializer))
@@ -135,7 +138,6 @@ class ConversationDetail(CtxsumView):
         "conversations_partial_update",
         "Change the title, metadata, model, policy or system prompt",
         ConversationDetailOutputSerializer,
-        errors_too=schema.BODY,
     )
     def patch(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -177,7 +179,6 @@ class MessageList(CtxsumView):
         AppendOutputSerializer,
         status=201,
         request=schema.MessagesAppend,
-        errors_too=schema.BODY,
         description='The body is one message, or `{"messages": [...]}`. Errors name the '
         'field, and for a batch the message (`{"messages": [{}, {"role": [...]}]}`).',
     )
@@ -205,7 +206,6 @@ class MessageRedact(CtxsumView):
         "messages_redact",
         "Redact a message: its words are erased, its seq stays",
         MessageOutputSerializer,
-        errors_too=schema.BODY,
         description="The content becomes `[redacted]`; a tool call keeps its id and name but "
         "loses its arguments. Tokens and counters are recounted, and every summary version "
         "covering the message is withheld at once (its text a notice, stale); with "
@@ -243,7 +243,7 @@ class ConversationCompact(CtxsumView):
         "conversations_compact",
         "Compact now: summarize what the policy archives",
         CompactionOutputSerializer,
-        errors_too=[*schema.BODY, 502],
+        errors_too=[502],
     )
     def post(self, request: Request, pk: str) -> Response:
         conversation = self.get_conversation()
@@ -262,7 +262,7 @@ class SummaryRebuild(CtxsumView):
         "summaries_rebuild",
         "Write the active summary anew from the archived messages, under the current prompt",
         RebuildOutputSerializer,
-        errors_too=[*schema.BODY, 502],
+        errors_too=[502],
         description="For a stale summary (written under another prompt, or covering a "
         "redacted message). The new version covers the same messages; the one it replaces "
         "is kept, marked superseded. `rebuilt: false` comes with a `reason`: "
@@ -274,8 +274,7 @@ class SummaryRebuild(CtxsumView):
         conversation = self.get_conversation()
         self.validated(EmptyInputSerializer)
         rebuilt = services.conversation_rebuild(conversation=conversation)
-        active = _context_after_write(conversation)
-        return Response(RebuildOutputSerializer(rebuilt, context={"active": active}).data)
+        return _with_context(RebuildOutputSerializer, rebuilt, conversation)
 
 
 class SummaryRevert(CtxsumView):
@@ -286,7 +285,6 @@ class SummaryRevert(CtxsumView):
         "summaries_revert",
         "Undo a compaction: the active summary's archived messages become active again",
         RevertOutputSerializer,
-        errors_too=schema.BODY,
         description="`version` must be the active summary's (else 400 naming `version`). "
         "The version it extended (or none) becomes active again, the messages it archived "
         "are active again, and the context is what it was before that compaction plus "
@@ -305,8 +303,7 @@ class SummaryRevert(CtxsumView):
             reverted = services.conversation_revert(conversation=conversation, version=number)
         except Summary.DoesNotExist as error:
             raise exceptions.NotFound(SUMMARY_NOT_FOUND) from error
-        active = _context_after_write(conversation)
-        return Response(RevertOutputSerializer(reverted, context={"active": active}).data)
+        return _with_context(RevertOutputSerializer, reverted, conversation)
 
 
 class SummaryList(CtxsumView):

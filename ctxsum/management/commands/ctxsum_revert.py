@@ -23,7 +23,6 @@ class Command(ConversationBatchCommand):
         "conversation that has a summary: each one's active summary is reverted, its "
         "archived messages become active again and the version before it is active again."
     )
-    selection_flag = "all"
     selection_help = "every conversation that has an active summary"
     verb = "revert"
 
