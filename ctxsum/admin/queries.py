@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db.models import (
+    Aggregate,
     Count,
     F,
     IntegerField,
@@ -34,10 +36,11 @@ def metadata_source() -> Cast:
     return Cast(KeyTextTransform("source", "metadata"), output_field=TextField())
 
 
-def _count(queryset: QuerySet[Summary]) -> Subquery:
-    """COUNT(*) of a correlated subquery, one row per outer conversation."""
-    counted = queryset.order_by().values("conversation").annotate(total=Count("pk")).values("total")
-    return Subquery(counted, output_field=IntegerField())
+def _total(queryset: QuerySet[Any], aggregate: Aggregate) -> Coalesce:
+    """``aggregate`` over a correlated subquery, one row per outer conversation; 0 when
+    the conversation has no row."""
+    rows = queryset.order_by().values("conversation").annotate(total=aggregate).values("total")
+    return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
 
 
 def conversation_rows(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
@@ -45,21 +48,15 @@ def conversation_rows(queryset: QuerySet[Conversation]) -> QuerySet[Conversation
     metadata's), ``summary_total``, ``tokens_saved`` (archived messages' tokens less the
     active summary's), ``last_outcome`` and ``last_attempt_at``."""
     summaries = Summary.objects.filter(conversation=OuterRef("pk"))
-    archived = (
-        Message.objects.filter(conversation=OuterRef("pk"), summary__isnull=False)
-        .order_by()
-        .values("conversation")
-        .annotate(total=Sum("token_count"))
-        .values("total")
-    )
+    archived = Message.objects.filter(conversation=OuterRef("pk"), summary__isnull=False)
     attempts = CompactionAttempt.objects.filter(conversation=OuterRef("pk")).order_by(
         "-created_at", "-pk"
     )
     active_summary = summaries.filter(active=True).values("token_count")[:1]
     return queryset.select_related("owner").annotate(
         source=metadata_source(),
-        summary_total=Coalesce(_count(summaries), 0),
-        archived_tokens=Coalesce(Subquery(archived, output_field=IntegerField()), 0),
+        summary_total=_total(summaries, Count("pk")),
+        archived_tokens=_total(archived, Sum("token_count")),
         tokens_saved=Greatest(
             Value(0),
             F("archived_tokens") - Coalesce(Subquery(active_summary), 0),
