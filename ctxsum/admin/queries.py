@@ -4,7 +4,7 @@ context preview. Each takes a fixed number of queries however long the conversat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import (
@@ -29,6 +29,8 @@ PAGE_SIZE = 50
 CONTEXT_PREVIEW = 50
 # How many sources the list's source filter offers (the most frequent).
 SOURCE_CHOICES = 20
+# How many of the latest summaries and attempts the review page lists.
+RECENT = 10
 
 
 def metadata_source() -> Cast:
@@ -89,7 +91,7 @@ class SeqPage:
     num_pages: int
     start: int  # the first seq of the page
     stop: int  # one past its last seq
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message]
 
     @property
     def page_links(self) -> list[int | None]:
@@ -114,19 +116,17 @@ def page_number(requested: object, num_pages: int) -> int:
     return min(max(number, 1), num_pages)
 
 
-def page_of(seq: int, *, first: int = 0, per_page: int = PAGE_SIZE) -> int:
-    """The page number that holds ``seq`` when pages start at ``first``."""
-    return (seq - first) // per_page + 1
+def page_of(seq: int) -> int:
+    """The page of the transcript that holds ``seq``."""
+    return seq // PAGE_SIZE + 1
 
 
-def seq_page(
-    messages: QuerySet[Message], *, first: int, last: int, page: object, per_page: int = PAGE_SIZE
-) -> SeqPage:
+def seq_page(messages: QuerySet[Message], *, first: int, last: int, page: object) -> SeqPage:
     """Page ``page`` of ``messages`` with seq ``first``..``last``: one query."""
-    num_pages = max(1, math.ceil((last - first + 1) / per_page))
+    num_pages = max(1, math.ceil((last - first + 1) / PAGE_SIZE))
     number = page_number(page, num_pages)
-    start = first + (number - 1) * per_page
-    stop = min(start + per_page, last + 1)
+    start = first + (number - 1) * PAGE_SIZE
+    stop = min(start + PAGE_SIZE, last + 1)
     rows = list(messages.filter(seq__gte=start, seq__lt=stop).order_by("seq"))
     return SeqPage(number=number, num_pages=num_pages, start=start, stop=stop, messages=rows)
 
@@ -158,12 +158,12 @@ class ContextPreview:
     hidden: int
 
 
-def context_preview(conversation: Conversation, *, limit: int = CONTEXT_PREVIEW) -> ContextPreview:
+def context_preview(conversation: Conversation) -> ContextPreview:
     """Three queries, whatever the length of the context."""
     active = Message.objects.filter(conversation=conversation).active()
     leading = active.filter(is_leading=True).first()
     summary = Summary.objects.filter(conversation=conversation, active=True).first()
-    recent = list(active.filter(is_leading=False).order_by("-seq")[:limit])[::-1]
+    recent = list(active.filter(is_leading=False).order_by("-seq")[:CONTEXT_PREVIEW])[::-1]
     hidden = conversation.active_message_count - len(recent) - (leading is not None)
     return ContextPreview(leading=leading, summary=summary, recent=recent, hidden=max(hidden, 0))
 
@@ -189,13 +189,10 @@ def summaries_covering(conversation: Conversation, seq: int) -> list[Summary]:
     )
 
 
-def recent_summaries(conversation: Conversation, *, limit: int = 10) -> list[Summary]:
-    return list(Summary.objects.filter(conversation=conversation).order_by("-version")[:limit])
+def recent_summaries(conversation: Conversation) -> list[Summary]:
+    return list(Summary.objects.filter(conversation=conversation).order_by("-version")[:RECENT])
 
 
-def recent_attempts(conversation: Conversation, *, limit: int = 10) -> list[CompactionAttempt]:
-    return list(
-        CompactionAttempt.objects.filter(conversation=conversation)
-        .select_related("summary")
-        .order_by("-created_at", "-pk")[:limit]
-    )
+def recent_attempts(conversation: Conversation) -> list[CompactionAttempt]:
+    attempts = CompactionAttempt.objects.filter(conversation=conversation)
+    return list(attempts.select_related("summary").order_by("-created_at", "-pk")[:RECENT])
