@@ -154,6 +154,7 @@ def message_redact(
         raise PermissionDenied
     message = get_object_or_404(Message, conversation=conversation, seq=seq)
     review = reverse("admin:ctxsum_conversation_review", args=[conversation.pk])
+    back = f"{review}?page={queries.page_of(seq)}#m{seq}"
     if request.method == "POST":
         services.message_redact(conversation=conversation, seq=seq)
         model_admin.log_change(request, conversation, f"Redacted message {seq}.")
@@ -161,7 +162,7 @@ def message_redact(
             "Message %(seq)d was redacted; the summaries covering it are withheld until rebuilt."
         )
         model_admin.message_user(request, text % {"seq": seq}, messages.SUCCESS)
-        return HttpResponseRedirect(f"{review}?page={queries.page_of(seq)}#m{seq}")
+        return HttpResponseRedirect(back)
     context = _page(
         model_admin,
         request,
@@ -170,7 +171,7 @@ def message_redact(
         conversation=conversation,
         message=message_views([message])[0],
         covering=queries.summaries_covering(conversation, seq),
-        back=f"{review}?page={queries.page_of(seq)}#m{seq}",
+        back=back,
     )
     return TemplateResponse(request, "ctxsum/admin/message_redact.html", context)
 
