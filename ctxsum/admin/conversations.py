@@ -89,8 +89,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
     # What the form does not edit is shown, read-only.
     readonly_fields = tuple(name for name in flatten_fieldsets(fieldsets) if name not in EDITABLE)
     actions = ("compact_now", "compact_dry_run", "rebuild_stale", "revert_last")
-    # Each selected conversation may cost a summarizer call inside the request.
-    action_limit = batch.ACTION_LIMIT
 
     # --- the list -------------------------------------------------------------------------
 
@@ -189,15 +187,10 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         conversations = list(objs)
         ids = [conversation.pk for conversation in conversations]
         kinds: list[type[Model]] = [Message, Summary, CompactionAttempt, *conversation_rows()]
-        counts = {
-            Conversation._meta.verbose_name_plural: len(conversations),
-            **{
-                model._meta.verbose_name_plural: model._default_manager.filter(
-                    conversation__in=ids
-                ).count()
-                for model in kinds
-            },
-        }
+        counts = {Conversation._meta.verbose_name_plural: len(conversations)}
+        for model in kinds:
+            rows = model._default_manager.filter(conversation__in=ids)
+            counts[model._meta.verbose_name_plural] = rows.count()
         name = capfirst(Conversation._meta.verbose_name)
         listed = [f"{name}: {conversation}" for conversation in conversations]
         return listed, counts, set(), []
@@ -252,11 +245,11 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         command: str,
     ) -> None:
         """``work`` over the selection, if it is small enough to run inside a request."""
-        if queryset.count() > self.action_limit:
+        if queryset.count() > batch.ACTION_LIMIT:
             text = gettext(
                 "Select at most %(limit)d conversations at a time; for more, run “%(command)s”."
             )
-            values = {"limit": self.action_limit, "command": command}
+            values = {"limit": batch.ACTION_LIMIT, "command": command}
             self.message_user(request, text % values, messages.ERROR)
             return
         tally = work(queryset.order_by("created_at", "pk"))
