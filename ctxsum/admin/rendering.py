@@ -54,9 +54,7 @@ class MessageView:
 
 def cut(text: str, kind: str = "text") -> Block:
     """``text`` as a block, cut at MAX_CHARS."""
-    if len(text) <= MAX_CHARS:
-        return Block(kind=kind, text=text)
-    return Block(kind=kind, text=text[:MAX_CHARS], omitted=len(text) - MAX_CHARS)
+    return Block(kind=kind, text=text[:MAX_CHARS], omitted=max(len(text) - MAX_CHARS, 0))
 
 
 def pretty_json(value: Any) -> str:
@@ -124,16 +122,14 @@ def message_views(
     for message in messages:
         tool_calls = _tool_calls(message)
         calls.update((call.id, call.name) for call in tool_calls)
-        extras = [(key, cut(pretty_json(value))) for key, value in message.extra.items()]
-        newly = archived_by is not None and message.summary_id == archived_by.pk
         views.append(
             MessageView(
                 message=message,
                 blocks=content_blocks(message),
                 tool_calls=tool_calls,
                 tool_name=calls.get(message.tool_call_id, "") if message.tool_call_id else "",
-                extras=extras,
-                newly_archived=newly,
+                extras=[(key, cut(pretty_json(value))) for key, value in message.extra.items()],
+                newly_archived=archived_by is not None and message.summary_id == archived_by.pk,
             )
         )
     return views
