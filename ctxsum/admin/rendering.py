@@ -177,19 +177,17 @@ class Group:
     messages: list[MessageView]
 
 
-def _state(view: MessageView) -> tuple[str, int | None]:
+def _state(view: MessageView) -> tuple[str, Summary | None]:
     message = view.message
     if message.summary_id is not None:
-        return "archived", message.summary_id
+        return "archived", message.summary
     return ("replaced" if message.replaced_at else "active"), None
 
 
 def transcript_groups(views: Iterable[MessageView]) -> list[Group]:
     """``views`` (in seq order) grouped by state: archived messages under the summary
     version that archived them (``select_related("summary")`` spares a query each)."""
-    groups = []
-    for (kind, _), members in itertools.groupby(views, key=_state):
-        rows = list(members)
-        summary = rows[0].message.summary if kind == "archived" else None
-        groups.append(Group(kind=kind, summary=summary, messages=rows))
-    return groups
+    return [
+        Group(kind=kind, summary=summary, messages=list(rows))
+        for (kind, summary), rows in itertools.groupby(views, key=_state)
+    ]
