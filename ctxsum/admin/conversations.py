@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.text import Truncator, capfirst
@@ -26,7 +26,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum import services
 from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
-from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin
+from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin, conversation_link
 from ctxsum.admin.forms import EDITABLE, ConversationForm
 from ctxsum.hooks import conversation_rows
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
@@ -113,12 +113,10 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
     @admin.display(description=_("conversation"), ordering="title")
     def conversation(self, obj: Conversation) -> str:
         """The title, linking the review page; under it the owner and the source."""
-        url = reverse("admin:ctxsum_conversation_review", args=[obj.pk])
         source = getattr(obj, "source", None) or ""
         return format_html(
-            '<a href="{}">{}</a><br><small class="ctxsum-muted" title="{}">{}{}{}</small>',
-            url,
-            Truncator(str(obj)).chars(60),
+            '{}<br><small class="ctxsum-muted" title="{}">{}{}{}</small>',
+            conversation_link(obj, chars=60),
             source,
             obj.owner,
             " · " if source else "",
