@@ -107,24 +107,19 @@ class SeqPage:
         return links
 
 
-def page_number(requested: object, num_pages: int) -> int:
-    """The page asked for, within 1..num_pages (anything else is the first page)."""
-    try:
-        number = int(str(requested))
-    except ValueError:
-        return 1
-    return min(max(number, 1), num_pages)
-
-
 def page_of(seq: int) -> int:
     """The page of the transcript that holds ``seq``."""
     return seq // PAGE_SIZE + 1
 
 
 def seq_page(messages: QuerySet[Message], *, first: int, last: int, page: object) -> SeqPage:
-    """Page ``page`` of ``messages`` with seq ``first``..``last``: one query."""
+    """Page ``page`` of ``messages`` with seq ``first``..``last`` (the nearest page when out
+    of range, the first when not a number): one query."""
     num_pages = max(1, math.ceil((last - first + 1) / PAGE_SIZE))
-    number = page_number(page, num_pages)
+    try:
+        number = min(max(int(str(page)), 1), num_pages)
+    except ValueError:
+        number = 1
     start = first + (number - 1) * PAGE_SIZE
     stop = min(start + PAGE_SIZE, last + 1)
     rows = list(messages.filter(seq__gte=start, seq__lt=stop).order_by("seq"))
