@@ -42,11 +42,7 @@ class SummaryAdmin(ConversationRowMixin, SummaryModelAdmin):
         return super().get_queryset(request).select_related("conversation", "previous")
 
     def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
+        self, request: HttpRequest, object_id: str, *args: Any, **kwargs: Any
     ) -> HttpResponse:
         """The review page: a summary is never edited."""
         if request.method not in ("GET", "HEAD"):
