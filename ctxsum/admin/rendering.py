@@ -74,10 +74,8 @@ def _part(part: object) -> Block:
     if not isinstance(part, Mapping):
         return Block(kind="media", text="[unknown]")
     kind = part.get("type")
-    if kind == "text":
-        return cut(str(part.get("text") or ""))
-    if kind == "refusal":
-        return cut(str(part.get("refusal") or ""), "refusal")
+    if kind in ("text", "refusal"):
+        return cut(str(part.get(kind) or ""), kind)
     if kind == "file":
         filename = (part.get("file") or {}).get("filename")
         return Block(kind="media", text=f"[file {filename}]" if filename else "[file]")
