@@ -97,15 +97,14 @@ def content_blocks(message: Message) -> list[Block]:
 
 
 def _tool_calls(message: Message) -> list[ToolCallView]:
-    # Stored tool calls were validated: each is {"id", "type", "function": {"name", ...}}.
-    functions = [(call, call.get("function") or {}) for call in message.tool_calls or ()]
+    # Stored tool calls were validated: each is {"id", "type", "function": {"name", "arguments"}}.
     return [
         ToolCallView(
-            id=str(call.get("id", "")),
-            name=str(function.get("name", "")),
-            arguments=cut(pretty_json(function.get("arguments") or "")),
+            id=call["id"],
+            name=call["function"]["name"],
+            arguments=cut(pretty_json(call["function"]["arguments"])),
         )
-        for call, function in functions
+        for call in message.tool_calls or ()
     ]
 
 
