@@ -67,12 +67,10 @@ class SummaryAdmin(ConversationRowMixin, SummaryModelAdmin):
 
     @admin.display(description=_("prompt"), ordering="prompt_version")
     def prompt(self, obj: Summary) -> str:
-        reasons = stale_reasons(obj)
-        state = (
-            badge("stale", _("stale"), "; ".join(reasons))
-            if reasons
-            else badge("current", _("current"))
-        )
+        if reasons := stale_reasons(obj):
+            state = badge("stale", _("stale"), "; ".join(reasons))
+        else:
+            state = badge("current", _("current"))
         return format_html("{} {}", obj.prompt_version, state)
 
     @admin.display(description=_("coverage"), ordering="coverage")
