@@ -163,11 +163,6 @@ def context_preview(conversation: Conversation) -> ContextPreview:
     return ContextPreview(leading=leading, summary=summary, recent=recent, hidden=max(hidden, 0))
 
 
-def summary_next(summary: Summary) -> Summary | None:
-    """The version written after ``summary``, if any."""
-    return Summary.objects.filter(previous=summary).first()
-
-
 def archived_by(summary: Summary) -> tuple[int, int]:
     """How many messages ``summary`` archived itself, and their tokens: what undoing it
     brings back into the context. One query."""
@@ -175,13 +170,6 @@ def archived_by(summary: Summary) -> tuple[int, int]:
         count=Count("pk"), tokens=Coalesce(Sum("token_count"), 0)
     )
     return totals["count"], totals["tokens"]
-
-
-def summaries_covering(conversation: Conversation, seq: int) -> list[Summary]:
-    """The summaries whose range holds ``seq``: a redaction marks them stale."""
-    return list(
-        Summary.objects.filter(conversation=conversation, from_seq__lte=seq, to_seq__gte=seq)
-    )
 
 
 def recent_summaries(conversation: Conversation) -> list[Summary]:

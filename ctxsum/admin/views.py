@@ -129,7 +129,7 @@ def summary_review(
         summary=summary,
         conversation=summary.conversation,
         previous=previous,
-        following=queries.summary_next(summary),
+        following=summary.next.first(),
         diff=word_diff(previous.text, summary.text) if previous else None,
         stale_reasons=stale_reasons(summary),
         current_prompt_version=ctxsum_settings.PROMPT_VERSION,
@@ -170,7 +170,7 @@ def message_redact(
         subtitle=str(conversation),
         conversation=conversation,
         message=message_views([message])[0],
-        covering=queries.summaries_covering(conversation, seq),
+        covering=list(conversation.summaries.filter(from_seq__lte=seq, to_seq__gte=seq)),
         back=back,
     )
     return TemplateResponse(request, "ctxsum/admin/message_redact.html", context)
