@@ -34,7 +34,6 @@ from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy, prompt_sha256
 
 M = TypeVar("M", bound=Model)
-REDACT_PERMISSION = "ctxsum.change_message"
 
 
 def viewable(model_admin: admin.ModelAdmin[M], request: HttpRequest, object_id: str) -> M:
@@ -66,7 +65,7 @@ def may_revert(
 def may_redact(request: HttpRequest) -> bool:
     """Redacting changes a message: Django's ``change_message`` permission (the admin has no
     other way to change one)."""
-    return request.user.has_perm(REDACT_PERMISSION)
+    return request.user.has_perm("ctxsum.change_message")
 
 
 def _page(
