@@ -26,9 +26,8 @@ class _Choices(admin.SimpleListFilter):
         return self.options
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() is None:
-            return None
-        return self.keep(queryset, str(self.value()))
+        value = self.value()
+        return None if value is None else self.keep(queryset, value)
 
     def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
         raise NotImplementedError
