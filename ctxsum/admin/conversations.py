@@ -86,11 +86,8 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             },
         ),
     )
-    # What the form does not edit is shown, read-only.
     readonly_fields = tuple(name for name in flatten_fieldsets(fieldsets) if name not in EDITABLE)
     actions = ("compact_now", "compact_dry_run", "rebuild_stale", "revert_last")
-
-    # --- the list -------------------------------------------------------------------------
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         return queries.conversation_rows(super().get_queryset(request))
@@ -155,8 +152,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             gettext("%(time)s ago") % {"time": timesince(when, depth=1)},
         )
 
-    # --- the edit form: a service call, never Model.save() ---------------------------------
-
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # conversations come from the API and the services
 
@@ -193,8 +188,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         listed = [f"{name}: {conversation}" for conversation in conversations]
         return listed, counts, set(), []
 
-    # --- pages ------------------------------------------------------------------------------
-
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
@@ -216,8 +209,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             )
             for name, route, page in pages
         ] + urls
-
-    # --- actions ------------------------------------------------------------------------------
 
     @admin.action(description=_("Compact now (force)"), permissions=["change"])
     def compact_now(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
