@@ -36,28 +36,21 @@ class ReviewMediaMixin:
         css = {"all": ("ctxsum/admin/review.css",)}
 
 
-class ReadOnlyMixin(ReviewMediaMixin):
-    """Messages, summaries and attempts are written by the services only: the admin shows
-    them and never adds, changes or deletes one (a conversation's delete takes its rows)."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ConversationRowMixin(ReadOnlyMixin):
-    """A read-only list of rows that belong to a conversation: its title (linking its review
-    page) and the row's creation as columns, 50 rows a page, no full count."""
+class ConversationRowMixin(ReviewMediaMixin):
+    """Rows that belong to a conversation, written by the services only: the admin shows
+    them and never adds, changes or deletes one (a conversation's delete takes its rows).
+    The list shows the conversation's title (linking its review page) and the row's
+    creation, 50 rows a page, no full count."""
 
     list_select_related: ClassVar[bool | list[str] | tuple[str, ...]] = ("conversation",)
     list_per_page = 50
     show_full_result_count = False
     conversation_chars = 32
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    has_change_permission = has_delete_permission = has_add_permission
 
     @admin.display(description=_("created"), ordering="created_at")
     def created(self, obj: Any) -> str:

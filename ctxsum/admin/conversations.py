@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.text import Truncator, capfirst
@@ -26,7 +26,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum import services
 from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
-from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin
+from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin, conversation_link
 from ctxsum.admin.forms import EDITABLE, ConversationForm
 from ctxsum.hooks import conversation_rows
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
@@ -86,13 +86,8 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             },
         ),
     )
-    # What the form does not edit is shown, read-only.
     readonly_fields = tuple(name for name in flatten_fieldsets(fieldsets) if name not in EDITABLE)
     actions = ("compact_now", "compact_dry_run", "rebuild_stale", "revert_last")
-    # Each selected conversation may cost a summarizer call inside the request.
-    action_limit = batch.ACTION_LIMIT
-
-    # --- the list -------------------------------------------------------------------------
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Conversation]:
         return queries.conversation_rows(super().get_queryset(request))
@@ -115,12 +110,10 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
     @admin.display(description=_("conversation"), ordering="title")
     def conversation(self, obj: Conversation) -> str:
         """The title, linking the review page; under it the owner and the source."""
-        url = reverse("admin:ctxsum_conversation_review", args=[obj.pk])
         source = getattr(obj, "source", None) or ""
         return format_html(
-            '<a href="{}">{}</a><br><small class="ctxsum-muted" title="{}">{}{}{}</small>',
-            url,
-            Truncator(str(obj)).chars(60),
+            '{}<br><small class="ctxsum-muted" title="{}">{}{}{}</small>',
+            conversation_link(obj, chars=60),
             source,
             obj.owner,
             " · " if source else "",
@@ -159,8 +152,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             gettext("%(time)s ago") % {"time": timesince(when, depth=1)},
         )
 
-    # --- the edit form: a service call, never Model.save() ---------------------------------
-
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # conversations come from the API and the services
 
@@ -189,20 +180,13 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         conversations = list(objs)
         ids = [conversation.pk for conversation in conversations]
         kinds: list[type[Model]] = [Message, Summary, CompactionAttempt, *conversation_rows()]
-        counts = {
-            Conversation._meta.verbose_name_plural: len(conversations),
-            **{
-                model._meta.verbose_name_plural: model._default_manager.filter(
-                    conversation__in=ids
-                ).count()
-                for model in kinds
-            },
-        }
+        counts = {Conversation._meta.verbose_name_plural: len(conversations)}
+        for model in kinds:
+            rows = model._default_manager.filter(conversation__in=ids)
+            counts[model._meta.verbose_name_plural] = rows.count()
         name = capfirst(Conversation._meta.verbose_name)
         listed = [f"{name}: {conversation}" for conversation in conversations]
         return listed, counts, set(), []
-
-    # --- pages ------------------------------------------------------------------------------
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
@@ -225,8 +209,6 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             )
             for name, route, page in pages
         ] + urls
-
-    # --- actions ------------------------------------------------------------------------------
 
     @admin.action(description=_("Compact now (force)"), permissions=["change"])
     def compact_now(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
@@ -252,11 +234,11 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         command: str,
     ) -> None:
         """``work`` over the selection, if it is small enough to run inside a request."""
-        if queryset.count() > self.action_limit:
+        if queryset.count() > batch.ACTION_LIMIT:
             text = gettext(
                 "Select at most %(limit)d conversations at a time; for more, run “%(command)s”."
             )
-            values = {"limit": self.action_limit, "command": command}
+            values = {"limit": batch.ACTION_LIMIT, "command": command}
             self.message_user(request, text % values, messages.ERROR)
             return
         tally = work(queryset.order_by("created_at", "pk"))

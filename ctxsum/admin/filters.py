@@ -14,22 +14,20 @@ from ctxsum.admin import queries
 from ctxsum.models import CompactionAttempt, Message, Summary
 from ctxsum.selectors import current_prompt, stale_summaries
 
-YES_NO = (("yes", _("Yes")), ("no", _("No")))
 NEVER = "never"
 
 
 class _Choices(admin.SimpleListFilter):
-    """A filter with fixed choices; subclasses say what each one keeps."""
+    """A filter with choices (``options`` by default); subclasses say what each one keeps."""
 
-    options: tuple[tuple[str, Any], ...] = YES_NO
+    options: tuple[tuple[str, Any], ...] = (("yes", _("Yes")), ("no", _("No")))
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return self.options
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() is None:
-            return None
-        return self.keep(queryset, str(self.value()))
+        value = self.value()
+        return None if value is None else self.keep(queryset, value)
 
     def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
         raise NotImplementedError
@@ -76,17 +74,15 @@ class LastOutcomeFilter(_Choices):
         return queryset.filter(last_outcome=value)
 
 
-class SourceFilter(admin.SimpleListFilter):
+class SourceFilter(_Choices):
     title = _("source")
     parameter_name = "source"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> Any:
         return [(source, Truncator(source).chars(40)) for source in queries.source_choices()]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() is None:
-            return None
-        return queryset.filter(source=self.value())
+    def keep(self, queryset: QuerySet[Any], value: str) -> QuerySet[Any]:
+        return queryset.filter(source=value)
 
 
 class StaleSummaryFilter(_Matching):

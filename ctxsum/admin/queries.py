@@ -4,9 +4,11 @@ context preview. Each takes a fixed number of queries however long the conversat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import (
+    Aggregate,
     Count,
     F,
     IntegerField,
@@ -27,6 +29,8 @@ PAGE_SIZE = 50
 CONTEXT_PREVIEW = 50
 # How many sources the list's source filter offers (the most frequent).
 SOURCE_CHOICES = 20
+# How many of the latest summaries and attempts the review page lists.
+RECENT = 10
 
 
 def metadata_source() -> Cast:
@@ -34,10 +38,11 @@ def metadata_source() -> Cast:
     return Cast(KeyTextTransform("source", "metadata"), output_field=TextField())
 
 
-def _count(queryset: QuerySet[Summary]) -> Subquery:
-    """COUNT(*) of a correlated subquery, one row per outer conversation."""
-    counted = queryset.order_by().values("conversation").annotate(total=Count("pk")).values("total")
-    return Subquery(counted, output_field=IntegerField())
+def _total(queryset: QuerySet[Any], aggregate: Aggregate) -> Coalesce:
+    """``aggregate`` over a correlated subquery, one row per outer conversation; 0 when
+    the conversation has no row."""
+    rows = queryset.order_by().values("conversation").annotate(total=aggregate).values("total")
+    return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
 
 
 def conversation_rows(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
@@ -45,21 +50,15 @@ def conversation_rows(queryset: QuerySet[Conversation]) -> QuerySet[Conversation
     metadata's), ``summary_total``, ``tokens_saved`` (archived messages' tokens less the
     active summary's), ``last_outcome`` and ``last_attempt_at``."""
     summaries = Summary.objects.filter(conversation=OuterRef("pk"))
-    archived = (
-        Message.objects.filter(conversation=OuterRef("pk"), summary__isnull=False)
-        .order_by()
-        .values("conversation")
-        .annotate(total=Sum("token_count"))
-        .values("total")
-    )
+    archived = Message.objects.filter(conversation=OuterRef("pk"), summary__isnull=False)
     attempts = CompactionAttempt.objects.filter(conversation=OuterRef("pk")).order_by(
         "-created_at", "-pk"
     )
     active_summary = summaries.filter(active=True).values("token_count")[:1]
     return queryset.select_related("owner").annotate(
         source=metadata_source(),
-        summary_total=Coalesce(_count(summaries), 0),
-        archived_tokens=Coalesce(Subquery(archived, output_field=IntegerField()), 0),
+        summary_total=_total(summaries, Count("pk")),
+        archived_tokens=_total(archived, Sum("token_count")),
         tokens_saved=Greatest(
             Value(0),
             F("archived_tokens") - Coalesce(Subquery(active_summary), 0),
@@ -92,7 +91,7 @@ class SeqPage:
     num_pages: int
     start: int  # the first seq of the page
     stop: int  # one past its last seq
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message]
 
     @property
     def page_links(self) -> list[int | None]:
@@ -108,28 +107,21 @@ class SeqPage:
         return links
 
 
-def page_number(requested: object, num_pages: int) -> int:
-    """The page asked for, within 1..num_pages (anything else is the first page)."""
+def page_of(seq: int) -> int:
+    """The page of the transcript that holds ``seq``."""
+    return seq // PAGE_SIZE + 1
+
+
+def seq_page(messages: QuerySet[Message], *, first: int, last: int, page: object) -> SeqPage:
+    """Page ``page`` of ``messages`` with seq ``first``..``last`` (the nearest page when out
+    of range, the first when not a number): one query."""
+    num_pages = max(1, math.ceil((last - first + 1) / PAGE_SIZE))
     try:
-        number = int(str(requested))
+        number = min(max(int(str(page)), 1), num_pages)
     except ValueError:
-        return 1
-    return min(max(number, 1), num_pages)
-
-
-def page_of(seq: int, *, first: int = 0, per_page: int = PAGE_SIZE) -> int:
-    """The page number that holds ``seq`` when pages start at ``first``."""
-    return (seq - first) // per_page + 1
-
-
-def seq_page(
-    messages: QuerySet[Message], *, first: int, last: int, page: object, per_page: int = PAGE_SIZE
-) -> SeqPage:
-    """Page ``page`` of ``messages`` with seq ``first``..``last``: one query."""
-    num_pages = max(1, math.ceil((last - first + 1) / per_page))
-    number = page_number(page, num_pages)
-    start = first + (number - 1) * per_page
-    stop = min(start + per_page, last + 1)
+        number = 1
+    start = first + (number - 1) * PAGE_SIZE
+    stop = min(start + PAGE_SIZE, last + 1)
     rows = list(messages.filter(seq__gte=start, seq__lt=stop).order_by("seq"))
     return SeqPage(number=number, num_pages=num_pages, start=start, stop=stop, messages=rows)
 
@@ -161,19 +153,14 @@ class ContextPreview:
     hidden: int
 
 
-def context_preview(conversation: Conversation, *, limit: int = CONTEXT_PREVIEW) -> ContextPreview:
+def context_preview(conversation: Conversation) -> ContextPreview:
     """Three queries, whatever the length of the context."""
     active = Message.objects.filter(conversation=conversation).active()
     leading = active.filter(is_leading=True).first()
     summary = Summary.objects.filter(conversation=conversation, active=True).first()
-    recent = list(active.filter(is_leading=False).order_by("-seq")[:limit])[::-1]
+    recent = list(active.filter(is_leading=False).order_by("-seq")[:CONTEXT_PREVIEW])[::-1]
     hidden = conversation.active_message_count - len(recent) - (leading is not None)
     return ContextPreview(leading=leading, summary=summary, recent=recent, hidden=max(hidden, 0))
-
-
-def summary_next(summary: Summary) -> Summary | None:
-    """The version written after ``summary``, if any."""
-    return Summary.objects.filter(previous=summary).first()
 
 
 def archived_by(summary: Summary) -> tuple[int, int]:
@@ -185,20 +172,10 @@ def archived_by(summary: Summary) -> tuple[int, int]:
     return totals["count"], totals["tokens"]
 
 
-def summaries_covering(conversation: Conversation, seq: int) -> list[Summary]:
-    """The summaries whose range holds ``seq``: a redaction marks them stale."""
-    return list(
-        Summary.objects.filter(conversation=conversation, from_seq__lte=seq, to_seq__gte=seq)
-    )
+def recent_summaries(conversation: Conversation) -> list[Summary]:
+    return list(Summary.objects.filter(conversation=conversation).order_by("-version")[:RECENT])
 
 
-def recent_summaries(conversation: Conversation, *, limit: int = 10) -> list[Summary]:
-    return list(Summary.objects.filter(conversation=conversation).order_by("-version")[:limit])
-
-
-def recent_attempts(conversation: Conversation, *, limit: int = 10) -> list[CompactionAttempt]:
-    return list(
-        CompactionAttempt.objects.filter(conversation=conversation)
-        .select_related("summary")
-        .order_by("-created_at", "-pk")[:limit]
-    )
+def recent_attempts(conversation: Conversation) -> list[CompactionAttempt]:
+    attempts = CompactionAttempt.objects.filter(conversation=conversation)
+    return list(attempts.select_related("summary").order_by("-created_at", "-pk")[:RECENT])

@@ -54,9 +54,7 @@ class MessageView:
 
 def cut(text: str, kind: str = "text") -> Block:
     """``text`` as a block, cut at MAX_CHARS."""
-    if len(text) <= MAX_CHARS:
-        return Block(kind=kind, text=text)
-    return Block(kind=kind, text=text[:MAX_CHARS], omitted=len(text) - MAX_CHARS)
+    return Block(kind=kind, text=text[:MAX_CHARS], omitted=max(len(text) - MAX_CHARS, 0))
 
 
 def pretty_json(value: Any) -> str:
@@ -76,10 +74,8 @@ def _part(part: object) -> Block:
     if not isinstance(part, Mapping):
         return Block(kind="media", text="[unknown]")
     kind = part.get("type")
-    if kind == "text":
-        return cut(str(part.get("text") or ""))
-    if kind == "refusal":
-        return cut(str(part.get("refusal") or ""), "refusal")
+    if kind in ("text", "refusal"):
+        return cut(str(part.get(kind) or ""), kind)
     if kind == "file":
         filename = (part.get("file") or {}).get("filename")
         return Block(kind="media", text=f"[file {filename}]" if filename else "[file]")
@@ -101,15 +97,14 @@ def content_blocks(message: Message) -> list[Block]:
 
 
 def _tool_calls(message: Message) -> list[ToolCallView]:
-    # Stored tool calls were validated: each is {"id", "type", "function": {"name", ...}}.
-    functions = [(call, call.get("function") or {}) for call in message.tool_calls or ()]
+    # Stored tool calls were validated: each is {"id", "type", "function": {"name", "arguments"}}.
     return [
         ToolCallView(
-            id=str(call.get("id", "")),
-            name=str(function.get("name", "")),
-            arguments=cut(pretty_json(function.get("arguments") or "")),
+            id=call["id"],
+            name=call["function"]["name"],
+            arguments=cut(pretty_json(call["function"]["arguments"])),
         )
-        for call, function in functions
+        for call in message.tool_calls or ()
     ]
 
 
@@ -124,16 +119,14 @@ def message_views(
     for message in messages:
         tool_calls = _tool_calls(message)
         calls.update((call.id, call.name) for call in tool_calls)
-        extras = [(key, cut(pretty_json(value))) for key, value in message.extra.items()]
-        newly = archived_by is not None and message.summary_id == archived_by.pk
         views.append(
             MessageView(
                 message=message,
                 blocks=content_blocks(message),
                 tool_calls=tool_calls,
                 tool_name=calls.get(message.tool_call_id, "") if message.tool_call_id else "",
-                extras=extras,
-                newly_archived=newly,
+                extras=[(key, cut(pretty_json(value))) for key, value in message.extra.items()],
+                newly_archived=archived_by is not None and message.summary_id == archived_by.pk,
             )
         )
     return views
@@ -181,19 +174,17 @@ class Group:
     messages: list[MessageView]
 
 
-def _state(view: MessageView) -> tuple[str, int | None]:
+def _state(view: MessageView) -> tuple[str, Summary | None]:
     message = view.message
     if message.summary_id is not None:
-        return "archived", message.summary_id
+        return "archived", message.summary
     return ("replaced" if message.replaced_at else "active"), None
 
 
 def transcript_groups(views: Iterable[MessageView]) -> list[Group]:
     """``views`` (in seq order) grouped by state: archived messages under the summary
     version that archived them (``select_related("summary")`` spares a query each)."""
-    groups = []
-    for (kind, _), members in itertools.groupby(views, key=_state):
-        rows = list(members)
-        summary = rows[0].message.summary if kind == "archived" else None
-        groups.append(Group(kind=kind, summary=summary, messages=rows))
-    return groups
+    return [
+        Group(kind=kind, summary=summary, messages=list(rows))
+        for (kind, summary), rows in itertools.groupby(views, key=_state)
+    ]

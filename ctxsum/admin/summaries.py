@@ -15,6 +15,9 @@ from ctxsum.admin.base import ConversationRowMixin, SummaryModelAdmin, badge
 from ctxsum.admin.rendering import stale_reasons
 from ctxsum.models import Summary
 
+# A summary's state badge: the first of these flags it has set.
+STATES = (("active", _("active")), ("reverted", _("reverted")), ("superseded", _("superseded")))
+
 
 @admin.register(Summary)
 class SummaryAdmin(ConversationRowMixin, SummaryModelAdmin):
@@ -42,11 +45,7 @@ class SummaryAdmin(ConversationRowMixin, SummaryModelAdmin):
         return super().get_queryset(request).select_related("conversation", "previous")
 
     def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
+        self, request: HttpRequest, object_id: str, *args: Any, **kwargs: Any
     ) -> HttpResponse:
         """The review page: a summary is never edited."""
         if request.method not in ("GET", "HEAD"):
@@ -57,26 +56,16 @@ class SummaryAdmin(ConversationRowMixin, SummaryModelAdmin):
     def summary(self, obj: Summary) -> str:
         """The version, whether it is the active one (or reverted, or superseded by a
         rebuild), and whether a rebuild wrote it."""
+        state = next((badge(flag, label) for flag, label in STATES if getattr(obj, flag)), "")
         origin = badge("rebuild", _("rebuild")) if obj.origin == Summary.Origin.REBUILD else ""
-        return format_html("v{} {} {}", obj.version, self.state(obj), origin)
-
-    def state(self, obj: Summary) -> str:
-        if obj.active:
-            return badge("active", _("active"))
-        if obj.reverted:
-            return badge("reverted", _("reverted"))
-        if obj.superseded:
-            return badge("superseded", _("superseded"))
-        return ""
+        return format_html("v{} {} {}", obj.version, state, origin)
 
     @admin.display(description=_("prompt"), ordering="prompt_version")
     def prompt(self, obj: Summary) -> str:
-        reasons = stale_reasons(obj)
-        state = (
-            badge("stale", _("stale"), "; ".join(reasons))
-            if reasons
-            else badge("current", _("current"))
-        )
+        if reasons := stale_reasons(obj):
+            state = badge("stale", _("stale"), "; ".join(reasons))
+        else:
+            state = badge("current", _("current"))
         return format_html("{} {}", obj.prompt_version, state)
 
     @admin.display(description=_("coverage"), ordering="coverage")

@@ -34,7 +34,6 @@ from ctxsum.models import Conversation, Message, Summary
 from ctxsum.selectors import conversation_effective_policy, prompt_sha256
 
 M = TypeVar("M", bound=Model)
-REDACT_PERMISSION = "ctxsum.change_message"
 
 
 def viewable(model_admin: admin.ModelAdmin[M], request: HttpRequest, object_id: str) -> M:
@@ -66,7 +65,7 @@ def may_revert(
 def may_redact(request: HttpRequest) -> bool:
     """Redacting changes a message: Django's ``change_message`` permission (the admin has no
     other way to change one)."""
-    return request.user.has_perm(REDACT_PERMISSION)
+    return request.user.has_perm("ctxsum.change_message")
 
 
 def _page(
@@ -129,7 +128,7 @@ def summary_review(
         summary=summary,
         conversation=summary.conversation,
         previous=previous,
-        following=queries.summary_next(summary),
+        following=summary.next.first(),
         diff=word_diff(previous.text, summary.text) if previous else None,
         stale_reasons=stale_reasons(summary),
         current_prompt_version=ctxsum_settings.PROMPT_VERSION,
@@ -154,6 +153,7 @@ def message_redact(
         raise PermissionDenied
     message = get_object_or_404(Message, conversation=conversation, seq=seq)
     review = reverse("admin:ctxsum_conversation_review", args=[conversation.pk])
+    back = f"{review}?page={queries.page_of(seq)}#m{seq}"
     if request.method == "POST":
         services.message_redact(conversation=conversation, seq=seq)
         model_admin.log_change(request, conversation, f"Redacted message {seq}.")
@@ -161,7 +161,7 @@ def message_redact(
             "Message %(seq)d was redacted; the summaries covering it are withheld until rebuilt."
         )
         model_admin.message_user(request, text % {"seq": seq}, messages.SUCCESS)
-        return HttpResponseRedirect(f"{review}?page={queries.page_of(seq)}#m{seq}")
+        return HttpResponseRedirect(back)
     context = _page(
         model_admin,
         request,
@@ -169,8 +169,8 @@ def message_redact(
         subtitle=str(conversation),
         conversation=conversation,
         message=message_views([message])[0],
-        covering=queries.summaries_covering(conversation, seq),
-        back=f"{review}?page={queries.page_of(seq)}#m{seq}",
+        covering=list(conversation.summaries.filter(from_seq__lte=seq, to_seq__gte=seq)),
+        back=back,
     )
     return TemplateResponse(request, "ctxsum/admin/message_redact.html", context)
 
