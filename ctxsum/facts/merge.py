@@ -200,43 +200,36 @@ def _merged(
     fact: Fact | None, proposed: ProposedFact, *, locked: Conversation, summary: Summary, now: Any
 ) -> tuple[Fact, str]:
     """A new instance of ``fact`` (None: none yet) with ``proposed`` merged, and the kind."""
-    model = locked.model or None
     if fact is None:
-        created = Fact(
+        merged = Fact(
             owner_id=locked.owner_id,
             conversation=None if locked.subject else locked,
             subject=locked.subject,
             key=proposed.key,
-            value=proposed.value,
-            source_seqs=list(proposed.source_seqs),
-            source_conversation=locked,
-            summary=summary,
             changed_by=MODEL,
-            confirmed_at=now,
         )
-        created.token_count = line_tokens(created, model=model)
-        return created, Kind.CREATED
-    merged = copy.copy(fact)
-    if one_line(fact.value) == proposed.value:
-        same_source = fact.source_conversation_id == locked.pk
-        seqs = {*fact.source_seqs, *proposed.source_seqs} if same_source else set()
-        merged.source_seqs = sorted(seqs or proposed.source_seqs)
-        merged.source_conversation = locked
-        merged.confirmed_at = now
-        # The model agrees with the value now: an earlier proposal is withdrawn.
-        merged.proposed_value, merged.proposed_by = "", None
-        return merged, Kind.CONFIRMED
-    if fact.pinned or fact.changed_by == PERSON:
+    else:
+        merged = copy.copy(fact)
+    same = fact is not None and one_line(fact.value) == proposed.value
+    if not same and (merged.pinned or merged.changed_by == PERSON):
         merged.proposed_value, merged.proposed_by = proposed.value, summary
         return merged, Kind.PROPOSED
-    merged.value = proposed.value
-    merged.source_seqs = list(proposed.source_seqs)
+    if same:
+        same_source = merged.source_conversation_id == locked.pk
+        seqs = {*merged.source_seqs, *proposed.source_seqs} if same_source else set()
+        merged.source_seqs = sorted(seqs or proposed.source_seqs)
+    else:
+        merged.value = proposed.value
+        merged.source_seqs = list(proposed.source_seqs)
+        merged.summary = summary
+        merged.token_count = line_tokens(merged, model=locked.model or None)
     merged.source_conversation = locked
-    merged.summary = summary
     merged.confirmed_at = now
-    merged.token_count = line_tokens(merged, model=model)
+    # The model's value stands now: an earlier proposal is withdrawn.
     merged.proposed_value, merged.proposed_by = "", None
-    return merged, Kind.UPDATED
+    if fact is None:
+        return merged, Kind.CREATED
+    return merged, Kind.CONFIRMED if same else Kind.UPDATED
 
 
 def _before(fact: Fact) -> FactChange:
