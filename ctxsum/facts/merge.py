@@ -128,29 +128,25 @@ def facts_merge(
     # The facts as the merge leaves them, by row (new ones by key): what the block will show.
     state: dict[object, Fact] = {fact.pk: fact for fact in facts_candidates(locked)}
 
-    def block() -> int:
-        ordered = sorted(state.values(), key=block_order)
+    def block(rows: dict[object, Fact]) -> int:
+        ordered = sorted(rows.values(), key=block_order)
         return block_tokens(facts_chosen(ordered, model=model), model=model)
 
     # Against the block as it reads now: the context the compaction saw.
-    limit = None if room is None else block() + room
+    limit = None if room is None else block(state) + room
     writes: list[tuple[Fact | None, Fact, str]] = []
     crowded = 0
     for proposed in facts:
         target = targets.get(proposed.key)
         merged, kind = _merged(target, proposed, locked=locked, summary=summary, now=now)
         slot: object = target.pk if target is not None else ("new", proposed.key)
-        previous = state.get(slot)
-        state[slot] = merged
-        if limit is not None and block() > limit:
+        after = {**state, slot: merged}
+        if limit is not None and block(after) > limit:
             crowded += 1
-            if previous is None:
-                del state[slot]
-            else:
-                state[slot] = previous
             continue
+        state = after
         writes.append((target, merged, kind))
-    count = block()  # before the writes give the new facts their ids
+    count = block(state)  # before the writes give the new facts their ids
     _write(db, writes, summary, now)
     return Merged(
         count=count,
