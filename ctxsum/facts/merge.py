@@ -260,8 +260,7 @@ def facts_revert(
         return
     shared = False
     for change in changes:
-        fact = change.fact
-        if not _held(fact, locked) or (fact.conversation_id is None and subject != locked.subject):
+        if not _held(change.fact, locked, subject):
             continue  # a fact of another subject by now: its conversations are not locked
         shared |= _undo(change, target=target, locked=locked, db=db)
     _recount(locked, shown, facts_count(locked), shared=shared)
@@ -370,11 +369,7 @@ def facts_forget(
     Fact.objects.using(db).filter(pk__in=citing.proposals).update(
         proposed_value="", proposed_by=None
     )
-    cited = [
-        fact
-        for fact in citing.facts
-        if fact.conversation_id == locked.pk or (subject == locked.subject and _held(fact, locked))
-    ]
+    cited = [fact for fact in citing.facts if _held(fact, locked, subject)]
     if not cited:
         return
     Fact.objects.using(db).filter(pk__in=[fact.pk for fact in cited]).delete()
@@ -382,14 +377,12 @@ def facts_forget(
     _recount(locked, shown, facts_count(locked), shared=shared)
 
 
-def _held(fact: Fact, locked: Conversation) -> bool:
-    """Whether ``fact`` is one that ``locked`` shows, so the locks taken cover it."""
+def _held(fact: Fact, locked: Conversation, subject: str) -> bool:
+    """Whether the locks taken cover ``fact``: ``locked``'s own, or a fact of ``subject``
+    (whose conversations ``facts_lock`` locked) that ``locked`` still names."""
     if fact.conversation_id is not None:
         return fact.conversation_id == locked.pk
-    return bool(locked.subject) and (fact.owner_id, fact.subject) == (
-        locked.owner_id,
-        locked.subject,
-    )
+    return fact.owner_id == locked.owner_id and fact.subject == subject == locked.subject
 
 
 def _own_block(locked: Conversation, count: int) -> None:
