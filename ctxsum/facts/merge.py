@@ -92,8 +92,6 @@ def facts_commit(
     ``locked`` (its counters, saved by the caller) and of ``shown`` up to date. ``subject``:
     the one whose conversations ``shown`` holds (another one by now: the facts are skipped).
     ``room``: the most tokens ``locked``'s block may grow by."""
-    if not facts:
-        return
     if locked.subject != subject:
         _skipped(summary, [SUBJECT_CHANGED])
         _own_block(locked, facts_count(locked))
@@ -180,10 +178,9 @@ def _write(
     # Sets the new facts' ids: every database ctxsum runs on returns them (its appends
     # need RETURNING too).
     Fact.objects.using(db).bulk_create(created)
-    if changed:
-        for fact in changed:
-            fact.updated_at = now
-        Fact.objects.using(db).bulk_update(changed, fields=MERGED_FIELDS)
+    for fact in changed:
+        fact.updated_at = now
+    Fact.objects.using(db).bulk_update(changed, fields=MERGED_FIELDS)
     changes = []
     for target, merged, kind in writes:
         change = _before(target) if target is not None else FactChange()
