@@ -15,7 +15,7 @@ import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import DataError, transaction
@@ -306,8 +306,7 @@ def _undo(change: FactChange, *, target: Summary, locked: Conversation, db: str)
     return fact.conversation_id is None
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Citing:
+class _Citing(NamedTuple):
     """What of the facts holds words of one message (``seq`` of a conversation)."""
 
     # The model's facts taken from it (not pinned): deleted.
@@ -318,9 +317,6 @@ class _Citing:
     # proposal as it was: withdrawn, blanked. Where a proposal came from is not recorded.
     proposals: list[int]
     old_proposals: list[int]
-
-    def __bool__(self) -> bool:
-        return bool(self.facts or self.changes or self.proposals or self.old_proposals)
 
 
 def _citing(conversation: Conversation, seq: int, *, db: str) -> _Citing:
@@ -348,7 +344,7 @@ def _citing(conversation: Conversation, seq: int, *, db: str) -> _Citing:
 def facts_cite(conversation: Conversation, seq: int, *, db: str) -> bool:
     """Whether anything of the facts holds words of message ``seq`` (its redaction then
     needs ``facts_lock``)."""
-    return bool(_citing(conversation, seq, db=db))
+    return any(_citing(conversation, seq, db=db))
 
 
 def facts_forget(
