@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
@@ -71,12 +71,12 @@ def facts_lock(conversation: Conversation, *, db: str) -> list[Conversation]:
 @dataclass(frozen=True, kw_only=True)
 class Merged:
     """What a merge did: ``count``, the tokens of the committing conversation's facts block
-    afterwards; ``skipped``, why facts were left out; ``shared``, whether it changed a
-    subject's fact that the subject's other conversations may show."""
+    afterwards; ``crowded``, how many facts were left out for room; ``shared``, whether it
+    changed a subject's fact that the subject's other conversations may show."""
 
     count: int
-    skipped: list[str] = field(default_factory=list)
-    shared: bool = False
+    crowded: int
+    shared: bool
 
 
 def facts_commit(
@@ -104,8 +104,8 @@ def facts_commit(
         logger.warning("Key facts of conversation %s not stored: %s", locked.pk, error)
         _skipped(summary, [NOT_STORED.format(error=error)])
         return
-    if merged.skipped:
-        _skipped(summary, merged.skipped)
+    if merged.crowded:
+        _skipped(summary, [CROWDED.format(count=merged.crowded)])
     _recount(locked, shown, merged.count, shared=merged.shared)
 
 
@@ -148,7 +148,7 @@ def facts_merge(
     _write(db, writes, summary, now)
     return Merged(
         count=count,
-        skipped=[CROWDED.format(count=crowded)] if crowded else [],
+        crowded=crowded,
         shared=any(
             merged.conversation_id is None and kind != Kind.PROPOSED for _, merged, kind in writes
         ),
