@@ -144,6 +144,12 @@ def facts_count(conversation: Conversation) -> int:
     return block.tokens if block is not None else 0
 
 
+def own_block(conversation: Conversation, count: int) -> None:
+    """Set the conversation's counters (not saved) to a facts block of ``count`` tokens."""
+    conversation.active_tokens += count - conversation.facts_tokens
+    conversation.facts_tokens = count
+
+
 def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> None:
     """Recount the facts block of each conversation (locked by the caller), saving those
     whose size changed, or all with ``changed`` (facts they show were written), with their
@@ -152,7 +158,6 @@ def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> N
         count = facts_count(conversation)
         if count == conversation.facts_tokens and not changed:
             continue
-        conversation.active_tokens += count - conversation.facts_tokens
-        conversation.facts_tokens = count
+        own_block(conversation, count)
         conversation.revision += 1
         conversation.save(update_fields=BLOCK_FIELDS)

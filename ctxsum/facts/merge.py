@@ -32,6 +32,7 @@ from ctxsum.facts.block import (
     facts_visible,
     line_tokens,
     one_per_key,
+    own_block,
 )
 from ctxsum.facts.models import Fact, FactChange
 from ctxsum.models import Conversation, Summary
@@ -94,7 +95,7 @@ def facts_commit(
     ``room``: the most tokens ``locked``'s block may grow by."""
     if locked.subject != subject:
         _skipped(summary, [SUBJECT_CHANGED])
-        _own_block(locked, facts_count(locked))
+        own_block(locked, facts_count(locked))
         return
     try:
         # A savepoint: a merge that fails on its data leaves the summary's commit intact.
@@ -378,18 +379,12 @@ def _held(fact: Fact, locked: Conversation, subject: str) -> bool:
     return fact.owner_id == locked.owner_id and fact.subject == subject == locked.subject
 
 
-def _own_block(locked: Conversation, count: int) -> None:
-    """``count``, the tokens of ``locked``'s facts block, into its counters (not saved)."""
-    locked.active_tokens += count - locked.facts_tokens
-    locked.facts_tokens = count
-
-
 def _recount(
     locked: Conversation, shown: Sequence[Conversation], count: int, *, shared: bool
 ) -> None:
     """``count`` into ``locked``'s counters, then recount the blocks of the other
     conversations of ``shown`` (``shared``: a subject's fact they may show changed)."""
-    _own_block(locked, count)
+    own_block(locked, count)
     facts_recount(
         [conversation for conversation in shown if conversation.pk != locked.pk], changed=shared
     )
