@@ -35,8 +35,7 @@ MIN_LINE_TOKENS = 3
 
 def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
     """The conversation's own facts and its subject's, in ``FACT_ORDER``."""
-    db = conversation._state.db
-    facts = Fact.objects.using(db) if db else Fact.objects.all()
+    facts = Fact.objects.using(conversation._state.db)
     visible = facts.filter(conversation=conversation)
     if conversation.subject:
         visible |= facts.of_subject(conversation.owner_id, conversation.subject)
@@ -81,7 +80,7 @@ def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[F
     limit = ctxsum_settings.FACTS_MAX_TOKENS
     candidates = one_per_key(ordered[: candidates_limit()]).values()
     chosen: list[Fact] = []
-    used = _header_tokens(model)
+    used = tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
     for fact in sorted(candidates, key=block_order):
         if used + fact.token_count <= limit:
             chosen.append(fact)
@@ -114,10 +113,6 @@ def block_tokens(facts: Sequence[Fact], *, model: str | None = None) -> int:
     if not facts:
         return 0
     return tokens.count_message(block_message(facts), model=model)
-
-
-def _header_tokens(model: str | None) -> int:
-    return tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
 
 
 def line_tokens(fact: Fact, *, model: str | None) -> int:
