@@ -1,9 +1,9 @@
 """A person's writes to key facts: adding one, changing its value, key or pin, deleting it.
 
 The summarizer writes facts during compaction (``ctxsum.facts.merge``); these are the
-writes of a person, over REST or in the admin. Each is one transaction in the facts block's
-lock order (the owner's row for a subject's fact, then the conversations that show the fact,
-then the fact), which recounts each conversation's facts block and moves its ``revision``.
+writes of a person, over REST or in the admin. Each is one transaction in the lock order
+of ``ctxsum.facts.block`` (the owner's row only for a subject's fact), which recounts each
+conversation's facts block and moves its ``revision``.
 A person's write marks the fact ``changed_by = "person"``: the model never overwrites it
 again, and proposes instead (``proposed_value``). docs/architecture.md, "Key facts", says why
 the owner's row is locked and what each write keeps.
@@ -131,12 +131,11 @@ def owner_lock(*, db: str, owner_id: Any) -> None:
 
 def _lock(db: str, fact: Fact) -> list[Conversation]:
     """The locks a write to ``fact`` takes, in their order; the conversations that show it."""
-    if fact.conversation_id is not None:
-        return conversations_lock(
-            db=db, owner_id=fact.owner_id, conversation_id=fact.conversation_id
-        )
-    owner_lock(db=db, owner_id=fact.owner_id)
-    return conversations_lock(db=db, owner_id=fact.owner_id, subject=fact.subject)
+    if fact.conversation_id is None:  # a subject's fact; a conversation's own has no subject
+        owner_lock(db=db, owner_id=fact.owner_id)
+    return conversations_lock(
+        db=db, owner_id=fact.owner_id, subject=fact.subject, conversation_id=fact.conversation_id
+    )
 
 
 def _model(fact: Fact, locked: list[Conversation]) -> str | None:
