@@ -140,16 +140,13 @@ def _lock(db: str, fact: Fact) -> list[Conversation]:
 
 def _model(fact: Fact, locked: list[Conversation]) -> str | None:
     """The model of the conversation whose own fact ``fact`` is (None for a subject's)."""
-    mine = [c for c in locked if c.pk == fact.conversation_id]
-    return (mine[0].model or None) if mine else None
+    return next((c.model or None for c in locked if c.pk == fact.conversation_id), None)
 
 
 def _duplicate(fact: Fact) -> ValidationError:
-    if fact.conversation_id is not None:
-        text = DUPLICATE_CONVERSATION_KEY.format(key=fact.key)
-    else:
-        text = DUPLICATE_SUBJECT_KEY.format(subject=fact.subject, key=fact.key)
-    return ValidationError({"key": [text]})
+    own = fact.conversation_id is not None
+    text = DUPLICATE_CONVERSATION_KEY if own else DUPLICATE_SUBJECT_KEY
+    return ValidationError({"key": [text.format(subject=fact.subject, key=fact.key)]})
 
 
 def _has_key(db: str, fact: Fact) -> bool:
@@ -193,14 +190,13 @@ def fact_add(
         problem = str(SUBJECT_REQUIRED) if subject == "" else subject_problem(subject)
         if problem:
             raise ValidationError({"subject": [problem]})
-    now = timezone.now()
     fact = Fact(
         owner_id=conversation.owner_id if conversation is not None else user.pk,
         conversation=conversation,
         subject=subject if conversation is None else "",
         changed_by=Fact.ChangedBy.PERSON,
         changed_by_user=user,
-        confirmed_at=now,
+        confirmed_at=timezone.now(),
         **cleaned,
     )
     db = write_db(conversation)
@@ -231,12 +227,8 @@ def fact_change(
     nothing written. Raises ValidationError naming the field, nothing stored then;
     Fact.DoesNotExist when the fact was deleted meanwhile. ``fact`` is brought up to date
     and returned."""
-    given = {
-        name: given_value
-        for name, given_value in {"value": value, "key": key, "pinned": pinned}.items()
-        if given_value is not UNSET
-    }
-    cleaned = facts_clean(**given)
+    given = {"value": value, "key": key, "pinned": pinned}
+    cleaned = facts_clean(**{name: new for name, new in given.items() if new is not UNSET})
     if not cleaned:
         return fact
     db = write_db()
