@@ -20,7 +20,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum.admin.base import ReviewMediaMixin, badge, conversation_link, short_time
 from ctxsum.facts import panels, services
 from ctxsum.facts.models import Fact
-from ctxsum.facts.panels import fact_sources
+from ctxsum.facts.panels import FactRow
 
 if TYPE_CHECKING:
     FactModelAdmin = admin.ModelAdmin[Fact]
@@ -32,12 +32,11 @@ CHANGE_PERMISSION = "ctxsum_facts.change_fact"
 
 def sources_html(fact: Fact) -> str:
     """The links to ``fact``'s source messages, ``#seq`` each; blank without any."""
-    links = fact_sources(fact)
-    if not links:
+    row = FactRow(fact=fact)
+    if not row.sources:
         return ""
-    html = format_html_join(" ", '<a href="{}">#{}</a>', ((s.url, s.seq) for s in links))
-    more = len(fact.source_seqs) - len(links)
-    return format_html("{}{}", html, f" … (+{more})" if more > 0 else "")
+    html = format_html_join(" ", '<a href="{}">#{}</a>', ((s.url, s.seq) for s in row.sources))
+    return format_html("{}{}", html, f" … (+{row.more_sources})" if row.more_sources else "")
 
 
 class ScopeFilter(admin.SimpleListFilter):
