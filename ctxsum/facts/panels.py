@@ -93,13 +93,8 @@ def summary_panel(
 
 def register() -> None:
     """Join the core's review pages (registering again replaces)."""
-    contribute_panel(
-        CONVERSATION_PAGE,
-        "facts",
-        Panel(template=f"{TEMPLATES}conversation_panel.html", context=conversation_panel),
-    )
-    contribute_panel(
-        SUMMARY_PAGE,
-        "facts",
-        Panel(template=f"{TEMPLATES}summary_panel.html", context=summary_panel),
-    )
+    for page, name, context in (
+        (CONVERSATION_PAGE, "conversation_panel", conversation_panel),
+        (SUMMARY_PAGE, "summary_panel", summary_panel),
+    ):
+        contribute_panel(page, "facts", Panel(template=f"{TEMPLATES}{name}.html", context=context))
