@@ -28,7 +28,6 @@ SCOPE_NOTE = (
     "the facts a person or the summarizer wrote for the caller's conversations naming it. "
     "Where both have a key, the conversation's own is the one its block shows."
 )
-# What an added fact's key and value must be, and a key the conversation or subject has.
 KEY_NOTE = (
     "`key` (one line, at most 200 characters) and `value` (at most 2000) are stripped and "
     "must not be blank; the key is normalized as the summarizer's are (`Order ID` is "
