@@ -20,24 +20,21 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum.admin.base import ReviewMediaMixin, badge, conversation_link, short_time
 from ctxsum.facts import panels, services
 from ctxsum.facts.models import Fact
-from ctxsum.facts.panels import fact_sources
+from ctxsum.facts.panels import FactRow
 
 if TYPE_CHECKING:
     FactModelAdmin = admin.ModelAdmin[Fact]
 else:
     FactModelAdmin = admin.ModelAdmin
 
-CHANGE_PERMISSION = "ctxsum_facts.change_fact"
-
 
 def sources_html(fact: Fact) -> str:
     """The links to ``fact``'s source messages, ``#seq`` each; blank without any."""
-    links = fact_sources(fact)
-    if not links:
+    row = FactRow(fact=fact)
+    if not row.sources:
         return ""
-    html = format_html_join(" ", '<a href="{}">#{}</a>', ((s.url, s.seq) for s in links))
-    more = len(fact.source_seqs) - len(links)
-    return format_html("{}{}", html, f" … (+{more})" if more > 0 else "")
+    html = format_html_join(" ", '<a href="{}">#{}</a>', ((s.url, s.seq) for s in row.sources))
+    return format_html("{}{}", html, f" … (+{row.more_sources})" if row.more_sources else "")
 
 
 class ScopeFilter(admin.SimpleListFilter):
@@ -48,11 +45,9 @@ class ScopeFilter(admin.SimpleListFilter):
         return (("conversation", _("a conversation's")), ("subject", _("a subject's")))
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        if self.value() == "conversation":
-            return queryset.filter(conversation__isnull=False)
-        if self.value() == "subject":
-            return queryset.filter(conversation__isnull=True)
-        return None
+        if self.value() not in ("conversation", "subject"):
+            return None
+        return queryset.filter(conversation__isnull=self.value() == "subject")
 
 
 @admin.register(Fact)
@@ -113,7 +108,7 @@ class FactAdmin(ReviewMediaMixin, FactModelAdmin):
         return False  # the form is read-only; pinning is an action
 
     def has_pin_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.has_perm(CHANGE_PERMISSION))
+        return bool(request.user.has_perm("ctxsum_facts.change_fact"))
 
     def delete_model(self, request: HttpRequest, obj: Fact) -> None:
         services.fact_delete(fact=obj, user=request.user)
@@ -192,17 +187,17 @@ class FactAdmin(ReviewMediaMixin, FactModelAdmin):
     @admin.display(description=_("summary version"))
     def summary_version(self, obj: Fact) -> str:
         """The version that wrote the value, linking its review page."""
-        if obj.summary_id is None:
-            return str(self.get_empty_value_display())
-        url = reverse("admin:ctxsum_summary_change", args=[obj.summary_id])
-        return format_html('<a href="{}">v{}</a>', url, getattr(obj, "summary_version", "?"))
+        return self._version_link(obj.summary_id, getattr(obj, "summary_version", "?"))
 
     @admin.display(description=_("proposed by"))
     def proposal_version(self, obj: Fact) -> str:
-        if obj.proposed_by_id is None:
+        return self._version_link(obj.proposed_by_id, getattr(obj, "proposal_version", "?"))
+
+    def _version_link(self, summary_id: int | None, version: Any) -> str:
+        if summary_id is None:
             return str(self.get_empty_value_display())
-        url = reverse("admin:ctxsum_summary_change", args=[obj.proposed_by_id])
-        return format_html('<a href="{}">v{}</a>', url, getattr(obj, "proposal_version", "?"))
+        url = reverse("admin:ctxsum_summary_change", args=[summary_id])
+        return format_html('<a href="{}">v{}</a>', url, version)
 
 
 # The facts on the core's review pages.

@@ -35,8 +35,7 @@ MIN_LINE_TOKENS = 3
 
 def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
     """The conversation's own facts and its subject's, in ``FACT_ORDER``."""
-    db = conversation._state.db
-    facts = Fact.objects.using(db) if db else Fact.objects.all()
+    facts = Fact.objects.using(conversation._state.db)
     visible = facts.filter(conversation=conversation)
     if conversation.subject:
         visible |= facts.of_subject(conversation.owner_id, conversation.subject)
@@ -81,7 +80,7 @@ def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[F
     limit = ctxsum_settings.FACTS_MAX_TOKENS
     candidates = one_per_key(ordered[: candidates_limit()]).values()
     chosen: list[Fact] = []
-    used = _header_tokens(model)
+    used = tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
     for fact in sorted(candidates, key=block_order):
         if used + fact.token_count <= limit:
             chosen.append(fact)
@@ -116,10 +115,6 @@ def block_tokens(facts: Sequence[Fact], *, model: str | None = None) -> int:
     return tokens.count_message(block_message(facts), model=model)
 
 
-def _header_tokens(model: str | None) -> int:
-    return tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
-
-
 def line_tokens(fact: Fact, *, model: str | None) -> int:
     """``fact``'s ``token_count``: its line counted with its conversation's ``model``, or for
     a subject's fact (shown with any model) DEFAULT_MODEL's encoding."""
@@ -144,6 +139,12 @@ def facts_count(conversation: Conversation) -> int:
     return block.tokens if block is not None else 0
 
 
+def own_block(conversation: Conversation, count: int) -> None:
+    """Set the conversation's counters (not saved) to a facts block of ``count`` tokens."""
+    conversation.active_tokens += count - conversation.facts_tokens
+    conversation.facts_tokens = count
+
+
 def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> None:
     """Recount the facts block of each conversation (locked by the caller), saving those
     whose size changed, or all with ``changed`` (facts they show were written), with their
@@ -152,7 +153,6 @@ def facts_recount(locked: Sequence[Conversation], *, changed: bool = False) -> N
         count = facts_count(conversation)
         if count == conversation.facts_tokens and not changed:
             continue
-        conversation.active_tokens += count - conversation.facts_tokens
-        conversation.facts_tokens = count
+        own_block(conversation, count)
         conversation.revision += 1
         conversation.save(update_fields=BLOCK_FIELDS)

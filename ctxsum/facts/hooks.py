@@ -6,7 +6,6 @@ order of ``ctxsum.facts.block``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ctxsum.facts.block import facts_recount
@@ -30,15 +29,6 @@ from ctxsum.hooks import (
 )
 from ctxsum.models import Conversation
 
-
-@dataclass(frozen=True)
-class Shown:
-    """The subject a commit saw, and its conversations, locked (empty: none named)."""
-
-    subject: str
-    conversations: list[Conversation]
-
-
 # What a conversation's facts block depends on: which facts it shows, and their encoding.
 BLOCK_INPUTS = frozenset({"subject", "model"})
 
@@ -58,15 +48,15 @@ class FactsHook(CommitHook):
             if "subject" in event.given:
                 owner_lock(db=db, owner_id=conversation.owner_id)
             return None
-        return Shown(conversation.subject, facts_lock(conversation, db=db))
+        # The subject the commit saw, and its conversations, locked (none: no subject).
+        return conversation.subject, facts_lock(conversation, db=db)
 
     def apply(self, event: Event, *, locked: Conversation, held: Any) -> None:
         if isinstance(event, ConversationChanged):
             if BLOCK_INPUTS & event.changed:
                 facts_recount([locked])
             return
-        shown: Shown = held
-        conversations, subject = shown.conversations, shown.subject
+        subject, conversations = held
         if isinstance(event, SummaryCommitted):
             assert event.summary is not None
             facts_commit(

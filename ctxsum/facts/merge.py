@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import DataError, transaction
@@ -32,6 +32,7 @@ from ctxsum.facts.block import (
     facts_visible,
     line_tokens,
     one_per_key,
+    own_block,
 )
 from ctxsum.facts.models import Fact, FactChange
 from ctxsum.models import Conversation, Summary
@@ -71,12 +72,12 @@ def facts_lock(conversation: Conversation, *, db: str) -> list[Conversation]:
 @dataclass(frozen=True, kw_only=True)
 class Merged:
     """What a merge did: ``count``, the tokens of the committing conversation's facts block
-    afterwards; ``skipped``, why facts were left out; ``shared``, whether it changed a
-    subject's fact that the subject's other conversations may show."""
+    afterwards; ``crowded``, how many facts were left out for room; ``shared``, whether it
+    changed a subject's fact that the subject's other conversations may show."""
 
     count: int
-    skipped: list[str] = field(default_factory=list)
-    shared: bool = False
+    crowded: int
+    shared: bool
 
 
 def facts_commit(
@@ -92,11 +93,9 @@ def facts_commit(
     ``locked`` (its counters, saved by the caller) and of ``shown`` up to date. ``subject``:
     the one whose conversations ``shown`` holds (another one by now: the facts are skipped).
     ``room``: the most tokens ``locked``'s block may grow by."""
-    if not facts:
-        return
     if locked.subject != subject:
         _skipped(summary, [SUBJECT_CHANGED])
-        _own_block(locked, facts_count(locked))
+        own_block(locked, facts_count(locked))
         return
     try:
         # A savepoint: a merge that fails on its data leaves the summary's commit intact.
@@ -106,8 +105,8 @@ def facts_commit(
         logger.warning("Key facts of conversation %s not stored: %s", locked.pk, error)
         _skipped(summary, [NOT_STORED.format(error=error)])
         return
-    if merged.skipped:
-        _skipped(summary, merged.skipped)
+    if merged.crowded:
+        _skipped(summary, [CROWDED.format(count=merged.crowded)])
     _recount(locked, shown, merged.count, shared=merged.shared)
 
 
@@ -128,33 +127,29 @@ def facts_merge(
     # The facts as the merge leaves them, by row (new ones by key): what the block will show.
     state: dict[object, Fact] = {fact.pk: fact for fact in facts_candidates(locked)}
 
-    def block() -> int:
-        ordered = sorted(state.values(), key=block_order)
+    def block(rows: dict[object, Fact]) -> int:
+        ordered = sorted(rows.values(), key=block_order)
         return block_tokens(facts_chosen(ordered, model=model), model=model)
 
     # Against the block as it reads now: the context the compaction saw.
-    limit = None if room is None else block() + room
+    limit = None if room is None else block(state) + room
     writes: list[tuple[Fact | None, Fact, str]] = []
     crowded = 0
     for proposed in facts:
         target = targets.get(proposed.key)
         merged, kind = _merged(target, proposed, locked=locked, summary=summary, now=now)
         slot: object = target.pk if target is not None else ("new", proposed.key)
-        previous = state.get(slot)
-        state[slot] = merged
-        if limit is not None and block() > limit:
+        after = {**state, slot: merged}
+        if limit is not None and block(after) > limit:
             crowded += 1
-            if previous is None:
-                del state[slot]
-            else:
-                state[slot] = previous
             continue
+        state = after
         writes.append((target, merged, kind))
-    count = block()  # before the writes give the new facts their ids
+    count = block(state)  # before the writes give the new facts their ids
     _write(db, writes, summary, now)
     return Merged(
         count=count,
-        skipped=[CROWDED.format(count=crowded)] if crowded else [],
+        crowded=crowded,
         shared=any(
             merged.conversation_id is None and kind != Kind.PROPOSED for _, merged, kind in writes
         ),
@@ -184,10 +179,9 @@ def _write(
     # Sets the new facts' ids: every database ctxsum runs on returns them (its appends
     # need RETURNING too).
     Fact.objects.using(db).bulk_create(created)
-    if changed:
-        for fact in changed:
-            fact.updated_at = now
-        Fact.objects.using(db).bulk_update(changed, fields=MERGED_FIELDS)
+    for fact in changed:
+        fact.updated_at = now
+    Fact.objects.using(db).bulk_update(changed, fields=MERGED_FIELDS)
     changes = []
     for target, merged, kind in writes:
         change = _before(target) if target is not None else FactChange()
@@ -200,43 +194,36 @@ def _merged(
     fact: Fact | None, proposed: ProposedFact, *, locked: Conversation, summary: Summary, now: Any
 ) -> tuple[Fact, str]:
     """A new instance of ``fact`` (None: none yet) with ``proposed`` merged, and the kind."""
-    model = locked.model or None
     if fact is None:
-        created = Fact(
+        merged = Fact(
             owner_id=locked.owner_id,
             conversation=None if locked.subject else locked,
             subject=locked.subject,
             key=proposed.key,
-            value=proposed.value,
-            source_seqs=list(proposed.source_seqs),
-            source_conversation=locked,
-            summary=summary,
             changed_by=MODEL,
-            confirmed_at=now,
         )
-        created.token_count = line_tokens(created, model=model)
-        return created, Kind.CREATED
-    merged = copy.copy(fact)
-    if one_line(fact.value) == proposed.value:
-        same_source = fact.source_conversation_id == locked.pk
-        seqs = {*fact.source_seqs, *proposed.source_seqs} if same_source else set()
-        merged.source_seqs = sorted(seqs or proposed.source_seqs)
-        merged.source_conversation = locked
-        merged.confirmed_at = now
-        # The model agrees with the value now: an earlier proposal is withdrawn.
-        merged.proposed_value, merged.proposed_by = "", None
-        return merged, Kind.CONFIRMED
-    if fact.pinned or fact.changed_by == PERSON:
+    else:
+        merged = copy.copy(fact)
+    same = fact is not None and one_line(fact.value) == proposed.value
+    if not same and (merged.pinned or merged.changed_by == PERSON):
         merged.proposed_value, merged.proposed_by = proposed.value, summary
         return merged, Kind.PROPOSED
-    merged.value = proposed.value
-    merged.source_seqs = list(proposed.source_seqs)
+    if same:
+        same_source = merged.source_conversation_id == locked.pk
+        seqs = {*merged.source_seqs, *proposed.source_seqs} if same_source else set()
+        merged.source_seqs = sorted(seqs or proposed.source_seqs)
+    else:
+        merged.value = proposed.value
+        merged.source_seqs = list(proposed.source_seqs)
+        merged.summary = summary
+        merged.token_count = line_tokens(merged, model=locked.model or None)
     merged.source_conversation = locked
-    merged.summary = summary
     merged.confirmed_at = now
-    merged.token_count = line_tokens(merged, model=model)
+    # The model's value stands now: an earlier proposal is withdrawn.
     merged.proposed_value, merged.proposed_by = "", None
-    return merged, Kind.UPDATED
+    if fact is None:
+        return merged, Kind.CREATED
+    return merged, Kind.CONFIRMED if same else Kind.UPDATED
 
 
 def _before(fact: Fact) -> FactChange:
@@ -271,8 +258,7 @@ def facts_revert(
         return
     shared = False
     for change in changes:
-        fact = change.fact
-        if not _held(fact, locked) or (fact.conversation_id is None and subject != locked.subject):
+        if not _held(change.fact, locked, subject):
             continue  # a fact of another subject by now: its conversations are not locked
         shared |= _undo(change, target=target, locked=locked, db=db)
     _recount(locked, shown, facts_count(locked), shared=shared)
@@ -321,8 +307,7 @@ def _undo(change: FactChange, *, target: Summary, locked: Conversation, db: str)
     return fact.conversation_id is None
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Citing:
+class _Citing(NamedTuple):
     """What of the facts holds words of one message (``seq`` of a conversation)."""
 
     # The model's facts taken from it (not pinned): deleted.
@@ -333,9 +318,6 @@ class _Citing:
     # proposal as it was: withdrawn, blanked. Where a proposal came from is not recorded.
     proposals: list[int]
     old_proposals: list[int]
-
-    def __bool__(self) -> bool:
-        return bool(self.facts or self.changes or self.proposals or self.old_proposals)
 
 
 def _citing(conversation: Conversation, seq: int, *, db: str) -> _Citing:
@@ -363,7 +345,7 @@ def _citing(conversation: Conversation, seq: int, *, db: str) -> _Citing:
 def facts_cite(conversation: Conversation, seq: int, *, db: str) -> bool:
     """Whether anything of the facts holds words of message ``seq`` (its redaction then
     needs ``facts_lock``)."""
-    return bool(_citing(conversation, seq, db=db))
+    return any(_citing(conversation, seq, db=db))
 
 
 def facts_forget(
@@ -381,11 +363,7 @@ def facts_forget(
     Fact.objects.using(db).filter(pk__in=citing.proposals).update(
         proposed_value="", proposed_by=None
     )
-    cited = [
-        fact
-        for fact in citing.facts
-        if fact.conversation_id == locked.pk or (subject == locked.subject and _held(fact, locked))
-    ]
+    cited = [fact for fact in citing.facts if _held(fact, locked, subject)]
     if not cited:
         return
     Fact.objects.using(db).filter(pk__in=[fact.pk for fact in cited]).delete()
@@ -393,20 +371,12 @@ def facts_forget(
     _recount(locked, shown, facts_count(locked), shared=shared)
 
 
-def _held(fact: Fact, locked: Conversation) -> bool:
-    """Whether ``fact`` is one that ``locked`` shows, so the locks taken cover it."""
+def _held(fact: Fact, locked: Conversation, subject: str) -> bool:
+    """Whether the locks taken cover ``fact``: ``locked``'s own, or a fact of ``subject``
+    (whose conversations ``facts_lock`` locked) that ``locked`` still names."""
     if fact.conversation_id is not None:
         return fact.conversation_id == locked.pk
-    return bool(locked.subject) and (fact.owner_id, fact.subject) == (
-        locked.owner_id,
-        locked.subject,
-    )
-
-
-def _own_block(locked: Conversation, count: int) -> None:
-    """``count``, the tokens of ``locked``'s facts block, into its counters (not saved)."""
-    locked.active_tokens += count - locked.facts_tokens
-    locked.facts_tokens = count
+    return fact.owner_id == locked.owner_id and fact.subject == subject == locked.subject
 
 
 def _recount(
@@ -414,7 +384,7 @@ def _recount(
 ) -> None:
     """``count`` into ``locked``'s counters, then recount the blocks of the other
     conversations of ``shown`` (``shared``: a subject's fact they may show changed)."""
-    _own_block(locked, count)
+    own_block(locked, count)
     facts_recount(
         [conversation for conversation in shown if conversation.pk != locked.pk], changed=shared
     )

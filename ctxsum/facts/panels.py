@@ -6,6 +6,7 @@ module; each builds its rows in a fixed number of queries."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from django.contrib import admin
@@ -49,33 +50,16 @@ class FactRow:
     facts block shows it (None where that depends on the conversation)."""
 
     fact: Fact
-    sources: list[Source]
-    more_sources: int
     in_context: bool | None = None
     change: FactChange | None = None  # on a summary's page: what that version changed
 
+    @cached_property
+    def sources(self) -> list[Source]:
+        return fact_sources(self.fact)
 
-def fact_row(
-    fact: Fact, *, in_context: bool | None = None, change: FactChange | None = None
-) -> FactRow:
-    sources = fact_sources(fact)
-    return FactRow(
-        fact=fact,
-        sources=sources,
-        more_sources=max(0, len(fact.source_seqs) - len(sources)),
-        in_context=in_context,
-        change=change,
-    )
-
-
-def fact_changes(summary: Summary) -> list[FactChange]:
-    """What ``summary`` changed of the key facts (the facts it created or whose value it
-    wrote), each with the fact as it is now. One query."""
-    return list(
-        FactChange.objects.filter(summary=summary)
-        .select_related("fact", "fact__conversation")
-        .order_by("fact__key", "pk")
-    )
+    @property
+    def more_sources(self) -> int:
+        return max(0, len(self.fact.source_seqs) - len(self.sources))
 
 
 def conversation_panel(
@@ -84,7 +68,7 @@ def conversation_panel(
     """The facts ``conversation`` sees, each with whether its facts block shows it."""
     seen = selectors.conversation_facts(conversation=conversation)
     return {
-        "facts": [fact_row(fact, in_context=fact.pk in seen.shown) for fact in seen.facts],
+        "facts": [FactRow(fact=fact, in_context=fact.pk in seen.shown) for fact in seen.facts],
         "can_view_facts": may_view(model_admin, request, Fact),
     }
 
@@ -92,25 +76,25 @@ def conversation_panel(
 def summary_panel(
     request: HttpRequest, model_admin: admin.ModelAdmin[Any], summary: Summary
 ) -> dict[str, Any] | None:
-    """The facts ``summary`` wrote; None (no panel) when it wrote none and skipped none."""
-    changes = fact_changes(summary)
+    """The facts ``summary`` wrote, each with the fact as it is now (one query); None (no
+    panel) when it wrote none and skipped none."""
+    changes = list(
+        FactChange.objects.filter(summary=summary)
+        .select_related("fact", "fact__conversation")
+        .order_by("fact__key", "pk")
+    )
     if not changes and not summary.facts_skipped:
         return None
     return {
-        "changes": [fact_row(change.fact, change=change) for change in changes],
+        "changes": [FactRow(fact=change.fact, change=change) for change in changes],
         "can_view_facts": may_view(model_admin, request, Fact),
     }
 
 
 def register() -> None:
     """Join the core's review pages (registering again replaces)."""
-    contribute_panel(
-        CONVERSATION_PAGE,
-        "facts",
-        Panel(template=f"{TEMPLATES}conversation_panel.html", context=conversation_panel),
-    )
-    contribute_panel(
-        SUMMARY_PAGE,
-        "facts",
-        Panel(template=f"{TEMPLATES}summary_panel.html", context=summary_panel),
-    )
+    for page, name, context in (
+        (CONVERSATION_PAGE, "conversation_panel", conversation_panel),
+        (SUMMARY_PAGE, "summary_panel", summary_panel),
+    ):
+        contribute_panel(page, "facts", Panel(template=f"{TEMPLATES}{name}.html", context=context))

@@ -1,9 +1,9 @@
 """A person's writes to key facts: adding one, changing its value, key or pin, deleting it.
 
 The summarizer writes facts during compaction (``ctxsum.facts.merge``); these are the
-writes of a person, over REST or in the admin. Each is one transaction in the facts block's
-lock order (the owner's row for a subject's fact, then the conversations that show the fact,
-then the fact), which recounts each conversation's facts block and moves its ``revision``.
+writes of a person, over REST or in the admin. Each is one transaction in the lock order
+of ``ctxsum.facts.block`` (the owner's row only for a subject's fact), which recounts each
+conversation's facts block and moves its ``revision``.
 A person's write marks the fact ``changed_by = "person"``: the model never overwrites it
 again, and proposes instead (``proposed_value``). docs/architecture.md, "Key facts", says why
 the owner's row is locked and what each write keeps.
@@ -32,9 +32,6 @@ from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
 __all__ = ["fact_add", "fact_change", "fact_delete"]
 
 logger = logging.getLogger("ctxsum.facts")
-
-# What str.splitlines() breaks a line at: a key is one line of the facts block.
-LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 
 BLANK = _("Must not be blank.")
 NOT_ONE_LINE = _("Must be one line (no line breaks).")
@@ -75,7 +72,8 @@ def _text(value: Any, *, limit: int, one_line: bool) -> tuple[str, str | None]:
         return "", str(BLANK)
     if len(text) > limit:
         return "", TOO_LONG.format(limit=limit)
-    if one_line and LINE_BREAKS.intersection(text):
+    # A key is one line of the facts block; the text is stripped, so a break is inside it.
+    if one_line and len(text.splitlines()) > 1:
         return "", str(NOT_ONE_LINE)
     return text, None
 
@@ -101,16 +99,13 @@ def facts_clean(**fields: Any) -> dict[str, Any]:
     cleaned: dict[str, Any] = {}
     errors: dict[str, list[str]] = {}
     for name, value in fields.items():
-        problem: str | None = None
         if name == "key":
             cleaned[name], problem = _key(value)
         elif name == "value":
             cleaned[name], problem = _text(value, limit=MAX_VALUE_CHARS, one_line=False)
-        elif name == "pinned":
+        else:  # pinned
             cleaned[name] = value
             problem = None if isinstance(value, bool) else str(NOT_A_BOOLEAN)
-        else:
-            raise TypeError(f"facts_clean() got an unexpected field {name!r}")
         if problem:
             errors[name] = [problem]
     if errors:
@@ -136,26 +131,22 @@ def owner_lock(*, db: str, owner_id: Any) -> None:
 
 def _lock(db: str, fact: Fact) -> list[Conversation]:
     """The locks a write to ``fact`` takes, in their order; the conversations that show it."""
-    if fact.conversation_id is not None:
-        return conversations_lock(
-            db=db, owner_id=fact.owner_id, conversation_id=fact.conversation_id
-        )
-    owner_lock(db=db, owner_id=fact.owner_id)
-    return conversations_lock(db=db, owner_id=fact.owner_id, subject=fact.subject)
+    if fact.conversation_id is None:  # a subject's fact; a conversation's own has no subject
+        owner_lock(db=db, owner_id=fact.owner_id)
+    return conversations_lock(
+        db=db, owner_id=fact.owner_id, subject=fact.subject, conversation_id=fact.conversation_id
+    )
 
 
 def _model(fact: Fact, locked: list[Conversation]) -> str | None:
     """The model of the conversation whose own fact ``fact`` is (None for a subject's)."""
-    mine = [c for c in locked if c.pk == fact.conversation_id]
-    return (mine[0].model or None) if mine else None
+    return next((c.model or None for c in locked if c.pk == fact.conversation_id), None)
 
 
 def _duplicate(fact: Fact) -> ValidationError:
-    if fact.conversation_id is not None:
-        text = DUPLICATE_CONVERSATION_KEY.format(key=fact.key)
-    else:
-        text = DUPLICATE_SUBJECT_KEY.format(subject=fact.subject, key=fact.key)
-    return ValidationError({"key": [text]})
+    own = fact.conversation_id is not None
+    text = DUPLICATE_CONVERSATION_KEY if own else DUPLICATE_SUBJECT_KEY
+    return ValidationError({"key": [text.format(subject=fact.subject, key=fact.key)]})
 
 
 def _has_key(db: str, fact: Fact) -> bool:
@@ -199,14 +190,13 @@ def fact_add(
         problem = str(SUBJECT_REQUIRED) if subject == "" else subject_problem(subject)
         if problem:
             raise ValidationError({"subject": [problem]})
-    now = timezone.now()
     fact = Fact(
         owner_id=conversation.owner_id if conversation is not None else user.pk,
         conversation=conversation,
         subject=subject if conversation is None else "",
         changed_by=Fact.ChangedBy.PERSON,
         changed_by_user=user,
-        confirmed_at=now,
+        confirmed_at=timezone.now(),
         **cleaned,
     )
     db = write_db(conversation)
@@ -237,12 +227,8 @@ def fact_change(
     nothing written. Raises ValidationError naming the field, nothing stored then;
     Fact.DoesNotExist when the fact was deleted meanwhile. ``fact`` is brought up to date
     and returned."""
-    given = {
-        name: given_value
-        for name, given_value in {"value": value, "key": key, "pinned": pinned}.items()
-        if given_value is not UNSET
-    }
-    cleaned = facts_clean(**given)
+    given = {"value": value, "key": key, "pinned": pinned}
+    cleaned = facts_clean(**{name: new for name, new in given.items() if new is not UNSET})
     if not cleaned:
         return fact
     db = write_db()

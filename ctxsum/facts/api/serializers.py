@@ -25,9 +25,6 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-# --------------------------------------------------------------------------- input
-
-
 KEY_HELP = (
     "Normalized as the summarizer's keys are: lower case, each run of characters other than "
     "letters and digits one underscore (`Order ID` is `order_id`)."
@@ -64,9 +61,6 @@ class FactCreateInputSerializer(FactInputSerializer):
         allow_blank=True, trim_whitespace=False, max_length=MAX_KEY_CHARS, help_text=KEY_HELP
     )
     pinned = StrictBooleanField(default=False)
-
-
-# --------------------------------------------------------------------------- output
 
 
 class FactOutputSerializer(serializers.ModelSerializer[Fact]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,14 +22,12 @@ from ctxsum.facts.api.serializers import (
     FactOutputSerializer,
 )
 from ctxsum.facts.models import Fact
-from ctxsum.models import Conversation
 
 SCOPE_NOTE = (
     "A conversation sees its own facts and, when it names a `subject`, that subject's: "
     "the facts a person or the summarizer wrote for the caller's conversations naming it. "
     "Where both have a key, the conversation's own is the one its block shows."
 )
-# What an added fact's key and value must be, and a key the conversation or subject has.
 KEY_NOTE = (
     "`key` (one line, at most 200 characters) and `value` (at most 2000) are stripped and "
     "must not be blank; the key is normalized as the summarizer's are (`Order ID` is "
@@ -41,10 +40,6 @@ WRITE_NOTE = (
     "fact has its facts block recounted (`facts_tokens`, `active_tokens`) and its "
     "`revision` moved."
 )
-
-
-def _seen(conversation: Conversation) -> fact_selectors.FactsSeen:
-    return fact_selectors.conversation_facts(conversation=conversation)
 
 
 def _answer(seen: fact_selectors.FactsSeen, pk: int, **kwargs: Any) -> Response:
@@ -64,7 +59,7 @@ class ConversationFactList(CtxsumView):
         "`in_context` says whether the facts block of the context shows the fact now.",
     )
     def get(self, request: Request, pk: str) -> Response:
-        seen = _seen(self.get_conversation())
+        seen = fact_selectors.conversation_facts(conversation=self.get_conversation())
         page = self.paginate_queryset(seen.facts)
         data = FactOutputSerializer(page, many=True, context={"shown": seen.shown}).data
         return self.get_paginated_response(data)
@@ -83,7 +78,8 @@ class ConversationFactList(CtxsumView):
         conversation = self.get_conversation()
         fields = self.validated(FactCreateInputSerializer)
         fact = services.fact_add(user=request.user, conversation=conversation, **fields)
-        return _answer(_seen(conversation), fact.pk, status=status.HTTP_201_CREATED)
+        seen = fact_selectors.conversation_facts(conversation=conversation)
+        return _answer(seen, fact.pk, status=status.HTTP_201_CREATED)
 
 
 class ConversationFactDetail(CtxsumView):
@@ -92,7 +88,7 @@ class ConversationFactDetail(CtxsumView):
     def _fact(self, fact_id: str) -> tuple[fact_selectors.FactsSeen, Fact]:
         """The facts the conversation sees, and the one the path names among them."""
         number = fact_id_from_path(fact_id)
-        seen = _seen(self.get_conversation())
+        seen = fact_selectors.conversation_facts(conversation=self.get_conversation())
         return seen, seen.get(number)  # a missing fact is a 404 (fact_errors)
 
     @schema.operation(
@@ -116,7 +112,8 @@ class ConversationFactDetail(CtxsumView):
         _, fact = self._fact(fact_id)
         fields = self.validated(FactInputSerializer)
         services.fact_change(fact=fact, user=request.user, **fields)
-        return _answer(_seen(self.get_conversation()), fact.pk)
+        seen = fact_selectors.conversation_facts(conversation=self.get_conversation())
+        return _answer(seen, fact.pk)
 
     @schema.operation(
         "facts_destroy",
@@ -136,7 +133,7 @@ class SubjectView(CtxsumView):
     def subject(self) -> str:
         return subject_from_path(self.kwargs["subject"])
 
-    def facts(self) -> Any:
+    def facts(self) -> QuerySet[Fact]:
         return fact_selectors.subject_facts(owner=self.request.user, subject=self.subject())
 
 
@@ -176,8 +173,7 @@ class SubjectFactDetail(SubjectView):
     serializer_class = FactInputSerializer
 
     def _fact(self, fact_id: str) -> Fact:
-        fact: Fact = self.facts().get(pk=fact_id_from_path(fact_id))  # missing: fact_errors' 404
-        return fact
+        return self.facts().get(pk=fact_id_from_path(fact_id))  # missing: fact_errors' 404
 
     @schema.operation(
         "subject_facts_retrieve",
