@@ -63,13 +63,8 @@ _COMMON_CAPITALISED = frozenset(_COMMON_WORDS.split())
 # What the coverage check finds that is a key fact: not plain numbers, too many to matter.
 FACT_KINDS = ("email", "amount", "date", "identifier", "name")
 
-_LABELS = {
-    "system": "System",
-    "developer": "Developer",
-    "user": "User",
-    "assistant": "Assistant",
-    "text": "Note",
-}
+# A block's label is its role capitalised; text outside any tag is a note.
+_LABELS = {"text": "Note"}
 
 
 @dataclass(frozen=True, kw_only=True)
