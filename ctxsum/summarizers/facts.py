@@ -132,9 +132,7 @@ def structured_answer(content: str) -> tuple[str | None, Parsed]:
         if text.startswith("{"):
             return None, Parsed()
         return text, Parsed(skipped=(NOT_STRUCTURED,))
-    if not isinstance(value, dict):
-        return None, Parsed()
-    summary = value.get("summary")
+    summary = value.get("summary") if isinstance(value, dict) else None
     if not isinstance(summary, str) or not summary.strip():
         return None, Parsed()
     if "facts" not in value:
