@@ -279,15 +279,15 @@ def _app_of(key: str) -> str | None:
 
 def _absent_app_warnings() -> list[CheckMessage]:
     """ctxsum.W007: keys of an optional app that is not installed (so nothing reads them)."""
-    absent = [key for key in ctxsum_settings.unknown_keys() if _app_of(key)]
     return [
         Warning(
-            f"CTXSUM[{key!r}] is a setting of {_app_of(key)}, which is not in INSTALLED_APPS: "
+            f"CTXSUM[{key!r}] is a setting of {app}, which is not in INSTALLED_APPS: "
             "it is ignored.",
-            hint=f"Add {_app_of(key)!r} to INSTALLED_APPS, or remove the setting.",
+            hint=f"Add {app!r} to INSTALLED_APPS, or remove the setting.",
             id="ctxsum.W007",
         )
-        for key in absent
+        for key in ctxsum_settings.unknown_keys()
+        if (app := _app_of(key))
     ]
 
 
@@ -306,6 +306,5 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     errors = _absent_app_warnings() + _policy_errors() + _number_errors()
     if not errors:
         errors += _input_budget_errors() + _body_limit_errors() + _timeout_warnings()
-        errors += _runner_errors()
-        errors += _summarizer_errors()
+        errors += _runner_errors() + _summarizer_errors()
     return errors + _encoding_warnings()
