@@ -161,8 +161,6 @@ def _timeout_warnings() -> list[CheckMessage]:
 
 
 def _body_limit_errors() -> list[CheckMessage]:
-    """Django refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE before ctxsum sees it: a
-    smaller value than MAX_BODY_BYTES makes the documented limit a lie."""
     upload: object = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # None turns Django's check off
     limit = ctxsum_settings.MAX_BODY_BYTES
     if isinstance(upload, int) and upload < limit:
@@ -207,9 +205,8 @@ def _runner_errors() -> list[CheckMessage]:
 
 
 def _defer_warnings() -> list[CheckMessage]:
-    """W006: the "tasks" runner on a backend that cannot defer a task (``run_after``), so
-    the check that retries a compaction lost with its worker is never enqueued. The
-    immediate backend is exempt: it runs the compaction in the appending process."""
+    """W006 for the "tasks" runner; the immediate backend is exempt: it runs the compaction
+    in the appending process."""
     from ctxsum.tasks import compact_conversation
 
     try:

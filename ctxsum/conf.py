@@ -1,9 +1,7 @@
 """ctxsum settings: one ``CTXSUM`` dict in Django settings, read through ``ctxsum_settings``.
 
-Every key falls back to ``DEFAULTS``; unknown keys are an error. An optional app's keys of
-the same dict (``CHAT_*``: ``ctxsum.chat.conf``) are read through its own settings object;
-without the app installed they are ignored, with a warning. Each object is lazy and
-reloads on ``setting_changed``, so ``override_settings(CTXSUM=...)`` works in tests.
+Every key falls back to ``DEFAULTS``; unknown keys are an error. Each settings object is lazy
+and reloads on ``setting_changed``, so ``override_settings(CTXSUM=...)`` works in tests.
 """
 
 from __future__ import annotations
