@@ -161,8 +161,6 @@ def _timeout_warnings() -> list[CheckMessage]:
 
 
 def _body_limit_errors() -> list[CheckMessage]:
-    """Django refuses a body over DATA_UPLOAD_MAX_MEMORY_SIZE before ctxsum sees it: a
-    smaller value than MAX_BODY_BYTES makes the documented limit a lie."""
     upload: object = settings.DATA_UPLOAD_MAX_MEMORY_SIZE  # None turns Django's check off
     limit = ctxsum_settings.MAX_BODY_BYTES
     if isinstance(upload, int) and upload < limit:
@@ -207,9 +205,8 @@ def _runner_errors() -> list[CheckMessage]:
 
 
 def _defer_warnings() -> list[CheckMessage]:
-    """W006: the "tasks" runner on a backend that cannot defer a task (``run_after``), so
-    the check that retries a compaction lost with its worker is never enqueued. The
-    immediate backend is exempt: it runs the compaction in the appending process."""
+    """W006 for the "tasks" runner; the immediate backend is exempt: it runs the compaction
+    in the appending process."""
     from ctxsum.tasks import compact_conversation
 
     try:
@@ -279,15 +276,15 @@ def _app_of(key: str) -> str | None:
 
 def _absent_app_warnings() -> list[CheckMessage]:
     """ctxsum.W007: keys of an optional app that is not installed (so nothing reads them)."""
-    absent = [key for key in ctxsum_settings.unknown_keys() if _app_of(key)]
     return [
         Warning(
-            f"CTXSUM[{key!r}] is a setting of {_app_of(key)}, which is not in INSTALLED_APPS: "
+            f"CTXSUM[{key!r}] is a setting of {app}, which is not in INSTALLED_APPS: "
             "it is ignored.",
-            hint=f"Add {_app_of(key)!r} to INSTALLED_APPS, or remove the setting.",
+            hint=f"Add {app!r} to INSTALLED_APPS, or remove the setting.",
             id="ctxsum.W007",
         )
-        for key in absent
+        for key in ctxsum_settings.unknown_keys()
+        if (app := _app_of(key))
     ]
 
 
@@ -306,6 +303,5 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     errors = _absent_app_warnings() + _policy_errors() + _number_errors()
     if not errors:
         errors += _input_budget_errors() + _body_limit_errors() + _timeout_warnings()
-        errors += _runner_errors()
-        errors += _summarizer_errors()
+        errors += _runner_errors() + _summarizer_errors()
     return errors + _encoding_warnings()

@@ -1,9 +1,7 @@
 """ctxsum settings: one ``CTXSUM`` dict in Django settings, read through ``ctxsum_settings``.
 
-Every key falls back to ``DEFAULTS``; unknown keys are an error. An optional app's keys of
-the same dict (``CHAT_*``: ``ctxsum.chat.conf``) are read through its own settings object;
-without the app installed they are ignored, with a warning. Each object is lazy and
-reloads on ``setting_changed``, so ``override_settings(CTXSUM=...)`` works in tests.
+Every key falls back to ``DEFAULTS``; unknown keys are an error. Each settings object is lazy
+and reloads on ``setting_changed``, so ``override_settings(CTXSUM=...)`` works in tests.
 """
 
 from __future__ import annotations
@@ -133,12 +131,8 @@ class CtxsumSettings(_Typed):
     optional app reads its own keys of the same dict through a subclass with its defaults
     (``ctxsum.chat.conf``)."""
 
-    def __init__(
-        self, defaults: dict[str, Any] | None = None, import_strings: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, defaults: dict[str, Any] | None = None) -> None:
         self._defaults = DEFAULTS if defaults is None else defaults
-        self._import_strings = IMPORT_STRINGS if defaults is None else import_strings
-        self._cached: set[str] = set()
         self._user: dict[str, Any] | None = None
         _readers.append(self)
 
@@ -159,15 +153,13 @@ class CtxsumSettings(_Typed):
         if name not in self._defaults:
             raise AttributeError(f"Invalid ctxsum setting: {name!r}")
         value = self.user_settings.get(name, self._defaults[name])
-        if name in self._import_strings and isinstance(value, str):
+        if name in IMPORT_STRINGS and isinstance(value, str):
             value = import_string(value)
         setattr(self, name, value)
-        self._cached.add(name)
         return value
 
     def reload(self) -> None:
-        cached, self._cached = self._cached, set()
-        for name in cached:
+        for name in self._defaults:
             self.__dict__.pop(name, None)
         self._user = None
 

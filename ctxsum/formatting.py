@@ -99,9 +99,7 @@ def _blocks(messages: Sequence[Message], seqs: Sequence[int] | None = None) -> l
         if role == "tool":
             call_id = message.get("tool_call_id")
             request = requests.get(index)
-            name = None
-            if request is not None:
-                name = _requested_name(messages[request], call_id)
+            name = _requested_name(messages[request], call_id) if request is not None else None
             attributes = _attributes(seq=seq, id=call_id, name=name or message.get("name"))
             blocks.append(f"<tool-result{attributes}>{text}</tool-result>")
         elif role in ROLE_TAGS:

@@ -206,6 +206,7 @@ class SummaryQuerySet(models.QuerySet["Summary"]):
         current = Q(prompt_version=prompt_version, prompt_sha256=prompt_sha256)
         return self.filter(~current | Q(covers_redacted=True))
 
+
 class Summary(models.Model):
     class Origin(models.TextChoices):
         COMPACTION = "compaction"

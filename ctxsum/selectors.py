@@ -43,6 +43,9 @@ __all__ = [
 # A summary's coverage check: cumulative, it grows with the conversation (to hundreds of
 # kB); only a compaction writing the next version and the admin's summary page read it.
 SUMMARY_HEAVY = ("coverage_facts",)
+# What a summary read with its previous version leaves out: of the previous one, all but
+# what the REST answer says of it (its version).
+_DEFERRED = (*SUMMARY_HEAVY, *(f"previous__{name}" for name in (*SUMMARY_HEAVY, "text")))
 
 
 def prompt_sha256(prompt: str) -> str:
@@ -69,8 +72,7 @@ def summary_is_stale(summary: Summary) -> bool:
 def summary_withheld(*, conversation: Conversation) -> bool:
     """Whether the active summary was withheld after a redaction (docs/architecture.md,
     invariant f): its text is a notice until a rebuild writes it anew. One query."""
-    db = conversation._state.db
-    summaries = Summary.objects.using(db) if db else Summary.objects.all()
+    summaries = Summary.objects.using(conversation._state.db)
     return summaries.filter(conversation=conversation, active=True, covers_redacted=True).exists()
 
 
@@ -169,12 +171,10 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
     key facts block] + active messages in seq order, in OpenAI format, and its layout. Two
     queries however long the conversation is (the summary, the messages) and each block's
     (the facts: one)."""
-    # Not the summary's coverage check (SUMMARY_HEAVY); of the previous version, only what
-    # the REST answer says of it (its version), in the same query.
     summary = (
         Summary.objects.filter(conversation=conversation, active=True)
         .select_related("previous")
-        .defer(*SUMMARY_HEAVY, *(f"previous__{name}" for name in (*SUMMARY_HEAVY, "text")))
+        .defer(*_DEFERRED)
         .first()
     )
     rows = _active_rows(conversation, summary)
@@ -247,12 +247,8 @@ def transcript_list(*, conversation: Conversation) -> QuerySet[Message]:
 def summary_list(*, conversation: Conversation) -> QuerySet[Summary]:
     """Every version, newest first, each with its previous one's version (not its text or
     coverage check)."""
-    previous = (f"previous__{name}" for name in (*SUMMARY_HEAVY, "text"))
-    return (
-        Summary.objects.filter(conversation=conversation)
-        .select_related("previous")
-        .defer(*SUMMARY_HEAVY, *previous)
-    )
+    summaries = Summary.objects.filter(conversation=conversation)
+    return summaries.select_related("previous").defer(*_DEFERRED)
 
 
 def conversation_stats(*, conversation: Conversation) -> dict[str, int]:

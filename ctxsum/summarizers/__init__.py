@@ -35,16 +35,12 @@ def get_summarizer() -> Summarizer:
         ctxsum_settings.SUMMARY_MAX_TOKENS,
         options,
     )
-    cached = _cached
-    if cached is not None and cached[0] == key:
-        return cached[1]
     with _lock:
-        if _cached is not None and _cached[0] == key:
-            return _cached[1]
-        backend, model, timeout, max_tokens, _ = key
-        summarizer: Summarizer = backend(
-            model=model, timeout=timeout, max_tokens=max_tokens, options=options
-        )
-        # A deep copy, so a caller mutating the settings dict later cannot fake a match.
-        _cached = ((*key[:4], copy.deepcopy(options)), summarizer)
-        return summarizer
+        if _cached is None or _cached[0] != key:
+            backend, model, timeout, max_tokens, _ = key
+            summarizer = backend(
+                model=model, timeout=timeout, max_tokens=max_tokens, options=options
+            )
+            # A deep copy, so a caller mutating the settings dict later cannot fake a match.
+            _cached = ((*key[:4], copy.deepcopy(options)), summarizer)
+        return _cached[1]

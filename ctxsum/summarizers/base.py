@@ -1,13 +1,6 @@
 """The summarizer backend interface: one raw call that turns formatted history into a summary,
-and the key facts beside it.
-
-A backend makes exactly one attempt, returns the summary stripped, and raises
-``SummarizerError`` on any failure, a blank answer included: it never makes a summary up.
-``answer()`` is what a compaction calls: the summary with the facts the same call proposed
-(``SummaryAnswer``). A backend that only implements ``summarize()`` still works: its facts
-are skipped, with the reason, never invented. Facts are asked for and parsed only when an
-installed app takes them (``ctxsum.hooks.summary_facts_wanted``: the ``ctxsum.facts`` app);
-without one, an answer is the summary alone.
+and the key facts beside it. A backend makes exactly one attempt and never makes a summary up:
+any failure, a blank answer included, raises ``SummarizerError``.
 """
 
 from __future__ import annotations
@@ -75,10 +68,11 @@ class Summarizer(ABC):
 
     def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
         """The summary and the key facts of one call, as ``summarize`` but with the facts
-        ``facts_instruction()`` asked for. This default is for backends that extract none:
-        ``summarize()``'s text, its facts skipped with the reason. (A ``summarize()`` that
-        already returns a ``SummaryAnswer`` is taken as it is.) Without an app that takes
-        facts, the summary alone."""
+        ``facts_instruction()`` asked for: what a compaction calls. This default is for
+        backends that extract none: ``summarize()``'s text, its facts skipped with the reason,
+        never invented. (A ``summarize()`` that already returns a ``SummaryAnswer`` is taken as
+        it is.) Without an installed app that takes facts (``summary_facts_wanted``: the
+        ``ctxsum.facts`` app), the summary alone."""
         result: Any = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
         if not summary_facts_wanted():
             text = result.summary if isinstance(result, SummaryAnswer) else result

@@ -2,13 +2,9 @@
 
 A summarizer proposes facts as a JSON list of ``{"key", "value", "source_seqs"}`` objects:
 the ``facts`` of a structured (``json_schema``) answer, or a ``<facts>`` block after the
-summary text. This module splits an answer into its summary and its facts, parses them,
-and drops what cannot be trusted: a fact that is not such an object, has an empty key or
-value, is too long for the facts block, holds text the database cannot store (a NUL, an
-unpaired surrogate), cites no message or a message outside the range the summary covers.
-Every drop is said in words, for ``Summary.facts_skipped``: facts are skipped, never
-repaired or made up, and a fact's trouble (JSON nested too deeply to read included) never
-costs the summary.
+summary text. A fact that cannot be trusted is dropped with the reason in words (below),
+for ``Summary.facts_skipped``: never repaired or made up, and a fact's trouble (JSON nested
+too deeply to read included) never costs the summary.
 """
 
 from __future__ import annotations
@@ -136,9 +132,7 @@ def structured_answer(content: str) -> tuple[str | None, Parsed]:
         if text.startswith("{"):
             return None, Parsed()
         return text, Parsed(skipped=(NOT_STRUCTURED,))
-    if not isinstance(value, dict):
-        return None, Parsed()
-    summary = value.get("summary")
+    summary = value.get("summary") if isinstance(value, dict) else None
     if not isinstance(summary, str) or not summary.strip():
         return None, Parsed()
     if "facts" not in value:

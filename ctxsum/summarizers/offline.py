@@ -1,10 +1,5 @@
-"""The offline summarizer: no network, no configuration, the same summary for the same input.
-
-For development, demos and tests. It is EXTRACTIVE: it writes no prose of its own, it copies
-the sentences of the history that carry facts. Its key facts are what the coverage check
-finds (``ctxsum.coverage``), keyed by kind and value so that every compaction finds the same
-key for the same fact.
-"""
+"""The offline summarizer: no network, no configuration, the same summary for the same input;
+for development, demos and tests."""
 
 from __future__ import annotations
 
@@ -63,13 +58,8 @@ _COMMON_CAPITALISED = frozenset(_COMMON_WORDS.split())
 # What the coverage check finds that is a key fact: not plain numbers, too many to matter.
 FACT_KINDS = ("email", "amount", "date", "identifier", "name")
 
-_LABELS = {
-    "system": "System",
-    "developer": "Developer",
-    "user": "User",
-    "assistant": "Assistant",
-    "text": "Note",
-}
+# A block's label is its role capitalised; text outside any tag is a note.
+_LABELS = {"text": "Note"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,9 +92,10 @@ class OfflineSummarizer(Summarizer):
 
     Key facts (``answer``): the e-mail addresses, amounts, dates, identifiers and names the
     coverage check finds in the messages whose seq the history names (not in the summary so
-    far), keyed ``kind:value`` as the check compares them (``identifier:ai-101``,
-    ``amount:1200``, ``email:ana@example.com``), with the text as first written and the
-    seqs of every message holding it.
+    far), keyed ``kind:value`` as the check compares them, so that every compaction finds the
+    same key for the same fact (``identifier:ai-101``, ``amount:1200``,
+    ``email:ana@example.com``), with the text as first written and the seqs of every message
+    holding it.
     """
 
     requires_network: ClassVar[bool] = False

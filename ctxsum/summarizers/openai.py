@@ -21,9 +21,16 @@ from ctxsum.hooks import summary_facts_wanted
 from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer, SummaryAnswer
 
-OPTIONS = frozenset(
-    {"base_url", "api_key", "temperature", "extra_body", "max_tokens_param", "facts_format"}
-)
+# Every option this backend takes, with the types its value may have.
+_OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "base_url": ((str,), "a string"),
+    "api_key": ((str,), "a string"),
+    "temperature": ((Real,), "a number"),
+    "extra_body": ((Mapping,), "a dict"),
+    "max_tokens_param": ((str,), "a string"),
+    "facts_format": ((str,), "a string"),
+}
+OPTIONS = frozenset(_OPTION_TYPES)
 # How the request names the answer's token cap: current OpenAI models take only
 # max_completion_tokens; some older OpenAI-compatible servers only max_tokens.
 MAX_TOKENS_PARAMS = ("max_completion_tokens", "max_tokens")
@@ -32,6 +39,7 @@ MAX_TOKENS_PARAMS = ("max_completion_tokens", "max_tokens")
 # llama.cpp and others support it), "tagged" for a <facts> JSON block after the summary
 # (any server), "off" for none.
 FACTS_FORMATS = ("json_schema", "tagged", "off")
+_OPTION_CHOICES = {"max_tokens_param": MAX_TOKENS_PARAMS, "facts_format": FACTS_FORMATS}
 DEFAULT_FACTS_FORMAT = "tagged"
 # The facts_format when no installed app takes key facts (ctxsum.hooks.summary_facts_wanted).
 NOT_ASKED = ""
@@ -107,14 +115,6 @@ W_NO_CREDENTIALS = "ctxsum.W010"
 BAD_OPTION = "SUMMARIZER_OPTIONS[{name!r}] must be {expected}."
 NO_CREDENTIALS = "The OpenAI summarizer has no API key and no base URL."
 
-_OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
-    "base_url": ((str,), "a string"),
-    "api_key": ((str,), "a string"),
-    "temperature": ((Real,), "a number"),
-    "extra_body": ((Mapping,), "a dict"),
-    "max_tokens_param": ((str,), "a string"),
-    "facts_format": ((str,), "a string"),
-}
 _DETAIL_CHARS = 200
 
 
@@ -140,14 +140,11 @@ class OpenAISummarizer(Summarizer):
         if self._client is None:
             with self._client_lock:
                 if self._client is None:
-                    self._client = self._build_client()
+                    try:
+                        self._client = openai_client(self.options, timeout=self.timeout)
+                    except openai.OpenAIError as exc:
+                        raise SummarizerError(f"{CLIENT_FAILED} {exc}", cause=exc) from exc
         return self._client
-
-    def _build_client(self) -> openai.OpenAI:
-        try:
-            return openai_client(self.options, timeout=self.timeout)
-        except openai.OpenAIError as exc:
-            raise SummarizerError(f"{CLIENT_FAILED} {exc}", cause=exc) from exc
 
     @property
     def facts_format(self) -> str:
@@ -229,10 +226,7 @@ class OpenAISummarizer(Summarizer):
             value = self.options.get(name)
             if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
                 wrong.append((name, expected))
-        for name, allowed in (
-            ("max_tokens_param", MAX_TOKENS_PARAMS),
-            ("facts_format", FACTS_FORMATS),
-        ):
+        for name, allowed in _OPTION_CHOICES.items():
             value = self.options.get(name)
             if isinstance(value, str) and value not in allowed:
                 wrong.append((name, " or ".join(repr(choice) for choice in allowed)))
