@@ -44,7 +44,7 @@ class ConversationChat(CtxsumView):
         "conversations_chat",
         "One model turn: the new message and the model's reply, stored together",
         ChatOutputSerializer,
-        errors_too=[*schema.BODY, 409, 429, 502],
+        errors_too=[409, 429, 502],
         streamed=chat_schema.SERVER_SENT_EVENTS,
         description='With `"stream": true` the answer is `text/event-stream`: every chunk '
         "of the model's answer as `data: {chat.completion.chunk}`, then `event: ctxsum` "

@@ -70,7 +70,6 @@ class ConversationFactList(CtxsumView):
         "Add a fact of the conversation's own",
         FactOutputSerializer,
         status=201,
-        errors_too=schema.BODY,
         description=f"{KEY_NOTE % 'conversation'} To share a fact with every conversation of "
         f"a subject, add it to the subject instead. {WRITE_NOTE}",
     )
@@ -104,7 +103,6 @@ class ConversationFactDetail(CtxsumView):
         "facts_partial_update",
         "Change a fact's value, key or pin",
         FactOutputSerializer,
-        errors_too=schema.BODY,
         description="Any of `value`, `key` and `pinned`. A subject's fact changes for every "
         f"conversation of the subject. {WRITE_NOTE}",
     )
@@ -157,7 +155,6 @@ class SubjectFactList(SubjectView):
         "Add a fact to a subject, for every conversation naming it",
         FactOutputSerializer,
         status=201,
-        errors_too=schema.BODY,
         description=f"{KEY_NOTE % 'subject'} A subject's fact may come before any "
         f"conversation names it. {WRITE_NOTE}",
     )
@@ -187,7 +184,6 @@ class SubjectFactDetail(SubjectView):
         "subject_facts_partial_update",
         "Change a subject's fact: its value, key or pin",
         FactOutputSerializer,
-        errors_too=schema.BODY,
         description=f"Any of `value`, `key` and `pinned`. {WRITE_NOTE}",
     )
     def patch(self, request: Request, subject: str, fact_id: str) -> Response:
