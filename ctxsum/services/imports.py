@@ -158,13 +158,6 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
                 yield number, line, raw.tell()
 
 
-def _chunks(
-    lines: Iterator[tuple[int, bytes, int]], size: int
-) -> Iterator[list[tuple[int, bytes, int]]]:
-    while chunk := list(islice(lines, size)):
-        yield chunk
-
-
 def file_import(
     path: Path,
     *,
@@ -176,8 +169,8 @@ def file_import(
     """Import the records of one file for ``owner``, skipping ids in ``seen`` (which grows);
     ``progress(bytes_read, tally)`` after every line. Raises OSError or EOFError for a file
     that cannot be read to the end: the chunks before it stay imported."""
-    tally = Tally()
-    for chunk in _chunks(islice(_lines(path), limit), CHUNK_LINES):
+    tally, lines = Tally(), islice(_lines(path), limit)
+    while chunk := list(islice(lines, CHUNK_LINES)):
         with transaction.atomic():
             for number, line, done in chunk:
                 _line_import(path, number, line, owner, seen, tally)
