@@ -232,7 +232,11 @@ def _commit(
         # The context must still shrink, the blocks included.
         room = _replaced(run) - written.token_count - 1
         commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
-        _move_counters(locked, previous, summary, archived)
+        archived_tokens = sum(row.token_count for row in archived)
+        old_summary_tokens = previous.token_count if previous else 0
+        locked.active_message_count -= len(archived)
+        locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
+        commit_save(locked)
         attempt = CompactionAttempt.objects.using(run.db).create(
             conversation=locked,
             outcome=Outcome.COMPACTED,
@@ -369,17 +373,6 @@ COMMIT_FIELDS = (
     "leased_at",
     "updated_at",
 )
-
-
-def _move_counters(
-    locked: Conversation, previous: Summary | None, summary: Summary, archived: list[Message]
-) -> None:
-    """The new summary replaces the old one and the archived rows in the counters."""
-    archived_tokens = sum(row.token_count for row in archived)
-    old_summary_tokens = previous.token_count if previous else 0
-    locked.active_message_count -= len(archived)
-    locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
-    commit_save(locked)
 
 
 def commit_save(locked: Conversation) -> None:
