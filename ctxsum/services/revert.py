@@ -22,7 +22,7 @@ from ctxsum.policy import Reason
 from ctxsum.selectors import SUMMARY_HEAVY
 from ctxsum.services.autocompact import withheld_rebuild
 from ctxsum.services.compaction import active_summary_is, commit_save, signal_after_commit
-from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
+from ctxsum.services.leases import LeaseLost, lease_lock, leased
 from ctxsum.services.transactions import write_db
 
 NOT_ACTIVE = _(
@@ -31,10 +31,6 @@ NOT_ACTIVE = _(
 )
 NONE_ACTIVE = _("Version {version} is not the active summary; the conversation has none to revert.")
 Outcome = CompactionAttempt.Outcome
-
-
-class _Conflict(WriteNothing):
-    """The active summary changed since it was read: write nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +65,7 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
             if token is None:
                 return Reverted(reverted=False, reason=Reason.IN_PROGRESS, reverted_summary=target)
             locked, restored, attempt = _commit(conversation, target, token, db=db)
-    except (_Conflict, LeaseLost):
+    except LeaseLost:
         return Reverted(reverted=False, reason=Reason.CONFLICT, reverted_summary=target)
     conversation.update_from(locked)
     return Reverted(
@@ -114,8 +110,8 @@ def _commit(
     with transaction.atomic(using=db):
         held = commit_lock(conversation, hooks, event, db=db)  # before the row's lock
         locked = lease_lock(conversation, token, db=db)
-        if not active_summary_is(locked, target):
-            raise _Conflict
+        if not active_summary_is(locked, target):  # changed since it was read: out of date
+            raise LeaseLost
         restored, previous = _restore(locked, target)
         before = locked.context_tokens
         restored_tokens = sum(row.token_count for row in restored)
