@@ -12,7 +12,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -105,7 +105,10 @@ def key_claim(
             continue  # given back meanwhile: claim it anew
         held = rows.filter(pk=found.pk, token=found.token)  # as long as no one took it over
         running = found.state == State.IN_PROGRESS and not CLAIM.abandoned(found, now)
-        if _expired(found, now) and not running:
+        expired = found.created_at <= now - timedelta(
+            seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS
+        )
+        if expired and not running:
             if held.update(**fresh):
                 return Claim(pk=found.pk, token=token, db=db)
             continue
@@ -121,10 +124,6 @@ def key_claim(
         if held.filter(applied_at__isnull=True).update(token=token, claimed_at=now):
             return Claim(pk=found.pk, token=token, db=db)
     return Found.IN_PROGRESS
-
-
-def _expired(found: IdempotencyKey, now: datetime) -> bool:
-    return found.created_at <= now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS)
 
 
 def key_applied(claim: Claim | None) -> None:
