@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from django.utils.translation import gettext_lazy as _
 
@@ -82,10 +83,7 @@ def summary_write(
     budget needs; ``before_call`` runs before every call but the first."""
     summarizer, model = get_summarizer(), summary_model(conversation)
     prompt = summary_prompt(budget, summarizer.facts_instruction())
-
-    def count(text: str) -> int:
-        return tokens.count_text(text, model=conversation.model or None)
-
+    count = partial(tokens.count_text, model=conversation.model or None)
     room = history_room(prompt, count)
     if room < MIN_CHUNK_BUDGET:
         raise SummarizerError(BUDGET_TOO_SMALL.format(budget=room))
