@@ -79,11 +79,8 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
 def _rebuild_leased(
     conversation: Conversation, previous: Summary, token: str, *, db: str
 ) -> Summary:
-    archived = list(
-        Message.objects.using(db)
-        .filter(conversation=conversation, summary__isnull=False)
-        .order_by("seq")
-    )
+    rows = Message.objects.using(db).filter(conversation=conversation).archived()
+    archived = list(rows.order_by("seq"))
     stands_for = sum(row.token_count for row in archived)
     written = summary_write(
         conversation,

@@ -145,16 +145,10 @@ def summary_coverage(previous: Summary | None, archived: Sequence[Message], text
     known = [(fact["kind"], fact["text"]) for fact in facts or []]
     if previous is not None and previous.coverage_facts is None:
         # Written before ctxsum kept coverage: read what it covered once.
-        archived = [*_covered_rows(previous), *archived]
+        covered = Message.objects.using(previous._state.db).filter(
+            conversation_id=previous.conversation_id,
+            seq__range=(previous.from_seq, previous.to_seq),
+        )
+        archived = [*covered.archived().order_by("seq"), *archived]
     texts = coverage.message_texts(row.as_openai() for row in archived)
     return coverage.facts_checked(coverage.facts_found(texts, known), text)
-
-
-def _covered_rows(summary: Summary) -> list[Message]:
-    rows = Message.objects.using(summary._state.db).filter(
-        conversation_id=summary.conversation_id,
-        seq__gte=summary.from_seq,
-        seq__lte=summary.to_seq,
-        summary__isnull=False,
-    )
-    return list(rows.order_by("seq"))
