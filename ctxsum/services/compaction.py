@@ -236,15 +236,13 @@ def _commit(
         old_summary_tokens = previous.token_count if previous else 0
         locked.active_message_count -= len(archived)
         locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
-        commit_save(locked)
-        attempt = CompactionAttempt.objects.using(run.db).create(
-            conversation=locked,
+        attempt = commit_save(
+            locked,
             outcome=Outcome.COMPACTED,
             reason=Reason.COMPACTED,
             summary=summary,
             forced=run.force,
             tokens_before=run.plan.tokens_before,
-            tokens_after=locked.context_tokens,
             messages_archived=len(archived),
             from_seq=archived[0].seq,
             to_seq=archived[-1].seq,
@@ -375,12 +373,15 @@ COMMIT_FIELDS = (
 )
 
 
-def commit_save(locked: Conversation) -> None:
-    """Save a commit's counters with ``revision`` moved and the lease released."""
+def commit_save(locked: Conversation, **attempt: Any) -> CompactionAttempt:
+    """Save a commit's counters with ``revision`` moved and the lease released, and record
+    its attempt: the fields ``attempt`` gives, and the context's tokens after."""
     locked.revision += 1
     locked.lease_owner = ""
     locked.leased_at = None
     locked.save(update_fields=COMMIT_FIELDS)
+    attempts = CompactionAttempt.objects.using(locked._state.db)
+    return attempts.create(conversation=locked, tokens_after=locked.context_tokens, **attempt)
 
 
 def attempt_record(conversation: Conversation, *, db: str, **fields: Any) -> CompactionAttempt:

@@ -144,14 +144,12 @@ def _commit(
         room = max(previous.token_count - summary.token_count, 0)
         commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
         locked.active_tokens += summary.token_count - previous.token_count
-        commit_save(locked)
-        CompactionAttempt.objects.using(db).create(
-            conversation=locked,
+        commit_save(
+            locked,
             outcome=Outcome.COMPACTED,
             reason=Reason.REBUILT,
             summary=summary,
             tokens_before=before,
-            tokens_after=locked.context_tokens,
             from_seq=summary.from_seq,
             to_seq=summary.to_seq,
         )

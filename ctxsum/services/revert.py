@@ -120,14 +120,12 @@ def _commit(
             restored_tokens - target.token_count + (previous.token_count if previous else 0)
         )
         commit_apply(held, event, locked=locked)
-        commit_save(locked)
-        attempt = CompactionAttempt.objects.using(db).create(
-            conversation=locked,
+        attempt = commit_save(
+            locked,
             outcome=Outcome.REVERTED,
             reason=Reason.REVERTED,
             summary=target,
             tokens_before=before,
-            tokens_after=locked.context_tokens,
             from_seq=restored[0].seq if restored else None,
             to_seq=restored[-1].seq if restored else None,
         )
