@@ -16,11 +16,7 @@ from ctxsum import policy as policy_rules
 from ctxsum.hooks import ConversationChanged, commit_apply, commit_lock, concerned
 from ctxsum.models import Conversation, Message
 from ctxsum.selectors import effective_policy
-from ctxsum.services.autocompact import (
-    Schedule,
-    autocompact_schedule,
-    conversation_autocompact,
-)
+from ctxsum.services.autocompact import Schedule, autocompact_schedule, conversation_autocompact
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable

@@ -166,8 +166,7 @@ def keys_expired_delete(*, db: str | None = None) -> int:
     now = timezone.now()
     expired = Q(created_at__lte=now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS))
     live_claim = Q(
-        state=State.IN_PROGRESS,
-        claimed_at__gt=now - timedelta(seconds=CLAIM.stale_after()),
+        state=State.IN_PROGRESS, claimed_at__gt=now - timedelta(seconds=CLAIM.stale_after())
     )
     rows = IdempotencyKey.objects.using(db or write_db())
     deleted, _ = rows.filter(expired & ~live_claim).delete()
