@@ -99,7 +99,6 @@ def conversation_compact(
 
 
 def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
-    """The conversation as it is now, and the plan for it."""
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     context = context_get(conversation=conversation)
@@ -158,12 +157,28 @@ def _compact_leased(run: _Run) -> CompactionResult:
         with leased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
             if token is None:
                 return _skipped(run, Reason.IN_PROGRESS)
-            summary, attempt = _summarize_and_commit(run, token)
+            # Outside every transaction: the LLM call may take seconds and holds no lock.
+            written = summary_write(
+                run.conversation,
+                run.so_far,
+                run.source,
+                budget=run.plan.summary_budget,
+                before_call=partial(lease_renew, run.conversation, token, db=run.db),
+            )
+            gain_check(written, replaced_tokens=_replaced(run))
+            checked = summary_coverage(run.so_far, run.source, written.text)
+            summary, attempt = _commit(run, written, checked, token)
     except NoGain:
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
     except (_Conflict, LeaseLost):
         return _skipped(run, Reason.CONFLICT, archived=run.archived, outcome=Outcome.CONFLICT)
-    context = _read_after_commit(run)
+    conversation = run.conversation
+    try:
+        conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
+        context: ActiveContext | None = context_get(conversation=conversation)
+    except DatabaseError:  # the compaction stands: whoever asked is told it compacted
+        logger.exception("Conversation %s compacted; its context was not read.", conversation.pk)
+        context = None
     return CompactionResult(
         compacted=True,
         reason=Reason.COMPACTED,
@@ -174,32 +189,6 @@ def _compact_leased(run: _Run) -> CompactionResult:
         archived=run.archived,
         over_trigger=over_trigger(context, run.policy) if context else run.plan.over_trigger,
     )
-
-
-def _read_after_commit(run: _Run) -> ActiveContext | None:
-    """The conversation and its context after the commit; None (logged) if unreadable."""
-    conversation = run.conversation
-    try:
-        conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
-        return context_get(conversation=conversation)
-    except DatabaseError:
-        logger.exception("Conversation %s compacted; its context was not read.", conversation.pk)
-        return None
-
-
-def _summarize_and_commit(run: _Run, token: str) -> tuple[Summary, CompactionAttempt]:
-    """Summarize the archived range under the lease ``token``, then commit the summary."""
-    # Outside every transaction: the LLM call may take seconds and holds no lock.
-    written = summary_write(
-        run.conversation,
-        run.so_far,
-        run.source,
-        budget=run.plan.summary_budget,
-        before_call=partial(lease_renew, run.conversation, token, db=run.db),
-    )
-    gain_check(written, replaced_tokens=_replaced(run))
-    checked = summary_coverage(run.so_far, run.source, written.text)
-    return _commit(run, written, checked, token)
 
 
 def _replaced(run: _Run) -> int:
