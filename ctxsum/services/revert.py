@@ -30,7 +30,6 @@ NOT_ACTIVE = _(
     "active summary can be reverted."
 )
 NONE_ACTIVE = _("Version {version} is not the active summary; the conversation has none to revert.")
-Outcome = CompactionAttempt.Outcome
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +103,6 @@ def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summ
 def _commit(
     conversation: Conversation, target: Summary, token: str, *, db: str
 ) -> tuple[Conversation, list[Message], CompactionAttempt]:
-    """Revert ``target`` if it is still the active summary."""
     event = SummaryReverted(target=target)
     hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
@@ -122,7 +120,7 @@ def _commit(
         commit_apply(held, event, locked=locked)
         attempt = commit_save(
             locked,
-            outcome=Outcome.REVERTED,
+            outcome=CompactionAttempt.Outcome.REVERTED,
             reason=Reason.REVERTED,
             summary=target,
             tokens_before=before,
