@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import unicodedata
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -222,9 +223,7 @@ def conversation_update(
         # _replace_system and the hooks save the counters and move revision themselves.
         if system is not UNSET:
             _replace_system(locked, system)
-        commit_apply(
-            held, ConversationChanged(given=event.given, changed=frozenset(changed)), locked=locked
-        )
+        commit_apply(held, replace(event, changed=frozenset(changed)), locked=locked)
         if changed:
             locked.revision += int(locked.revision == revision)
             locked.save(update_fields=[*changed, "revision", "updated_at"])
