@@ -107,22 +107,17 @@ def record_import(*, owner: Any, record: Mapping[str, Any]) -> Conversation:
 
 def imported_source_ids(owner: Any) -> set[str]:
     """Source ids of the conversations ``owner`` already imported."""
-    return set(
-        Conversation.objects.filter(owner=owner, metadata__has_key="source_id").values_list(
-            "metadata__source_id", flat=True
-        )
-    )
+    imported = Conversation.objects.filter(owner=owner, metadata__has_key="source_id")
+    return set(imported.values_list("metadata__source_id", flat=True))
 
 
 def error_reason(error: Exception) -> str:
     """A one-line reason naming the fields, e.g. ``messages[3].tool_call_id: ...``."""
-    if isinstance(error, ValidationError):
-        if hasattr(error, "error_dict"):
-            reason = "; ".join(
-                f"{name}: {' '.join(messages)}" for name, messages in error.message_dict.items()
-            )
-        else:
-            reason = " ".join(error.messages)
+    if isinstance(error, ValidationError) and hasattr(error, "error_dict"):
+        fields = error.message_dict.items()
+        reason = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in fields)
+    elif isinstance(error, ValidationError):
+        reason = " ".join(error.messages)
     else:
         reason = str(error)
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
