@@ -214,9 +214,8 @@ def _compact_rounds(conversation: Conversation) -> AutoCompaction:
         if not (result.compacted and result.over_trigger and conversation.next_seq > newest):
             break
     assert result is not None
-    db = write_db(conversation)
     withheld = not result.compacted and summary_withheld(conversation=conversation)
-    if withheld and not rebuild_gave_no_gain(conversation, db=db):
+    if withheld and not rebuild_gave_no_gain(conversation, db=write_db(conversation)):
         rebuilt = conversation_rebuild(conversation=conversation)
         version = rebuilt.summary.version if rebuilt.summary else None
         return AutoCompaction(
