@@ -108,10 +108,10 @@ def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:
     """Withhold the text of every version in ``covering`` (a notice no longer than the
     shortest, and no coverage or skipped facts, which quote the messages); returns how many
     tokens the active summary's message changed."""
-    versions = list(covering.values_list("pk", "active", "token_count"))
+    versions = list(covering.values_list("active", "token_count"))
     if not versions:
         return 0
-    shortest = min(count for _pk, _active, count in versions)
+    shortest = min(count for _active, count in versions)
     for notice in (WITHHELD, *WITHHELD_SHORTER):
         size = summary_size(notice, locked)
         if size <= shortest:
@@ -119,7 +119,7 @@ def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:
     covering.update(
         text=notice, token_count=size, coverage_facts=None, facts_skipped="", covers_redacted=True
     )
-    change = [size - count for _pk, active, count in versions if active]
+    change = [size - count for active, count in versions if active]
     if change:
         db = write_db(locked)
         transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)
