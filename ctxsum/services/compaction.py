@@ -156,7 +156,7 @@ def _compact_leased(run: _Run) -> CompactionResult:
     try:
         with leased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
             if token is None:
-                return _skipped(run, Reason.IN_PROGRESS)
+                return _skipped(run, Reason.IN_PROGRESS, archived=[])
             # Outside every transaction: the LLM call may take seconds and holds no lock.
             written = summary_write(
                 run.conversation,
@@ -418,14 +418,9 @@ def _planned_only(run: _Run, *, dry_run: bool) -> CompactionResult:
 
 
 def _skipped(
-    run: _Run,
-    reason: Reason,
-    *,
-    archived: list[Message] | None = None,
-    outcome: str = Outcome.SKIPPED,
+    run: _Run, reason: Reason, *, archived: list[Message], outcome: str = Outcome.SKIPPED
 ) -> CompactionResult:
     """A compaction that was due but did not happen; recorded with the range it planned."""
-    archived = archived or []
     attempt = _record(run, outcome, reason, archived=archived)
     return CompactionResult(
         compacted=False,
