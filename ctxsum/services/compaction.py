@@ -166,8 +166,7 @@ def _compact_leased(run: _Run) -> CompactionResult:
                 before_call=partial(lease_renew, run.conversation, token, db=run.db),
             )
             gain_check(written, replaced_tokens=_replaced(run))
-            checked = summary_coverage(run.so_far, run.source, written.text)
-            summary, attempt = _commit(run, written, checked, token)
+            summary, attempt = _commit(run, written, token)
     except NoGain:
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
     except (_Conflict, LeaseLost):
@@ -203,11 +202,10 @@ def gain_check(written: Written, *, replaced_tokens: int) -> None:
         raise NoGain
 
 
-def _commit(
-    run: _Run, written: Written, checked: Coverage, token: str
-) -> tuple[Summary, CompactionAttempt]:
+def _commit(run: _Run, written: Written, token: str) -> tuple[Summary, CompactionAttempt]:
     """Insert the summary and archive the covered messages, if the snapshot still holds."""
     previous, archived = run.context.summary, run.archived
+    checked = summary_coverage(run.so_far, run.source, written.text)
     event = SummaryCommitted(facts=written.facts)
     hooks = concerned(run.conversation, event, db=run.db)
     with transaction.atomic(using=run.db):

@@ -14,7 +14,6 @@ from typing import Any
 from django.db import DatabaseError, transaction
 
 from ctxsum.conf import ctxsum_settings
-from ctxsum.coverage import Coverage
 from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, failure_reason, summary_budget
@@ -90,8 +89,7 @@ def _rebuild_leased(
         before_call=partial(lease_renew, conversation, token, db=db),
     )
     gain_check(written, replaced_tokens=stands_for)
-    checked = summary_coverage(None, archived, written.text)
-    return _commit(conversation, previous, written, checked, token, archived=archived, db=db)
+    return _commit(conversation, previous, written, token, archived=archived, db=db)
 
 
 def _budget(conversation: Conversation, previous: Summary, stands_for: int) -> int:
@@ -116,12 +114,12 @@ def _commit(
     conversation: Conversation,
     previous: Summary,
     written: Written,
-    checked: Coverage,
     token: str,
     *,
     archived: list[Message],
     db: str,
 ) -> Summary:
+    checked = summary_coverage(None, archived, written.text)
     event = SummaryCommitted(facts=written.facts)
     hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
