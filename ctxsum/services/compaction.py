@@ -450,7 +450,6 @@ def _failed(run: _Run, error: BaseException) -> None:
 def signal_after_commit(name: str, conversation: Conversation, *, db: str, **kwargs: Any) -> None:
     """Send the signal ``name`` of ``ctxsum.signals`` for ``conversation`` once the
     transaction on ``db`` commits; a receiver's error is logged (``after_commit``)."""
-    send = partial(
-        getattr(signals, name).send, sender=Conversation, conversation=conversation, **kwargs
-    )
+    signal = getattr(signals, name)
+    send = partial(signal.send, sender=Conversation, conversation=conversation, **kwargs)
     after_commit(send, using=db, what=f"{name} of conversation {conversation.pk}")
