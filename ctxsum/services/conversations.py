@@ -135,7 +135,6 @@ def conversation_create(
     cleaned = messages_clean(messages) if messages not in (None, [], ()) else []
     counts = messages_count(conversation, leading + cleaned)
     db = write_db(conversation)
-    schedule = Schedule.OFF
     # The apps see a subject (ctxsum.facts counts its block once the messages are in).
     fields = frozenset({"subject"} if subject else ())
     named = ConversationChanged(given=fields, changed=fields)
@@ -146,8 +145,7 @@ def conversation_create(
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
         commit_apply(held, named, locked=conversation)
-        if cleaned:
-            schedule = autocompact_schedule(conversation)
+        schedule = autocompact_schedule(conversation) if cleaned else Schedule.OFF
     conversation_autocompact(conversation=conversation, schedule=schedule)
     return conversation
 
@@ -157,11 +155,8 @@ def _replace_system(conversation: Conversation, system: str) -> None:
     same text again changes nothing. The caller holds the row lock."""
     cleaned = messages_clean([_system_message(system)])
     counts = messages_count(conversation, cleaned)
-    old = (
-        Message.objects.using(conversation._state.db)
-        .filter(conversation=conversation, is_leading=True, replaced_at__isnull=True)
-        .first()
-    )
+    rows = Message.objects.using(conversation._state.db).filter(conversation=conversation)
+    old = rows.filter(is_leading=True, replaced_at__isnull=True).first()
     if old is not None and old.role == "system" and old.content == system:
         return
     if old is not None:
