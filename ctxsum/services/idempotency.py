@@ -105,10 +105,8 @@ def key_claim(
             continue  # given back meanwhile: claim it anew
         held = rows.filter(pk=found.pk, token=found.token)  # as long as no one took it over
         running = found.state == State.IN_PROGRESS and not CLAIM.abandoned(found, now)
-        expired = found.created_at <= now - timedelta(
-            seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS
-        )
-        if expired and not running:
+        age = now - found.created_at
+        if age >= timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS) and not running:
             if held.update(**fresh):
                 return Claim(pk=found.pk, token=token, db=db)
             continue
