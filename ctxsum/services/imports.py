@@ -35,10 +35,6 @@ REASON_CHARS = 300
 # an interrupted run loses only its last chunk, which a re-run imports.
 CHUNK_LINES = 200
 
-NOT_AN_OBJECT = "not a JSON object"
-NO_ID = "no 'id' (a non-empty string)"
-NO_MESSAGES = "no 'messages' (a non-empty list)"
-
 
 class RecordInvalid(ValueError):
     """A line that is not a conversation record at all (bad JSON, no id, no messages)."""
@@ -87,11 +83,11 @@ def record_parse(line: str | bytes) -> dict[str, Any]:
     except ValueError as error:
         raise RecordInvalid(f"not valid JSON: {error}") from error
     if not isinstance(record, dict):
-        raise RecordInvalid(NOT_AN_OBJECT)
+        raise RecordInvalid("not a JSON object")
     if not isinstance(record.get("id"), str) or not record["id"]:
-        raise RecordInvalid(NO_ID)
+        raise RecordInvalid("no 'id' (a non-empty string)")
     if not isinstance(record.get("messages"), list) or not record["messages"]:
-        raise RecordInvalid(NO_MESSAGES)
+        raise RecordInvalid("no 'messages' (a non-empty list)")
     return record
 
 
