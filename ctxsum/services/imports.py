@@ -1,11 +1,6 @@
-"""Importing conversations from JSON Lines records, one conversation per line:
-
-    {"id": str, "source": str, "license": str, "valid": bool, "meta": {...},
-     "messages": [OpenAI chat messages], "title": str (optional)}
-
-Plain or gzip-compressed. Each record is stored all or nothing by ``conversation_create``;
-a rejected one is counted with its reason, one whose ``id`` the owner already imported is
-skipped, so a re-run only adds what is new.
+"""Importing conversations from JSON Lines records, one per line (the format: README,
+``ctxsum_import``). Each is stored all or nothing by ``conversation_create``; a rejected one
+is counted with its reason, one whose ``id`` the owner already imported is skipped.
 """
 
 from __future__ import annotations
@@ -137,9 +132,8 @@ class Tally:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
-    """(line number, line, file bytes read so far) of the non-blank lines of a plain or
-    gzip file. Lines stay bytes: each is decoded on its own, so one bad line is one
-    rejection."""
+    """(line number, line, file bytes read so far) of the non-blank lines of a plain or gzip
+    file. Lines stay bytes: each is decoded on its own, so one bad line is one rejection."""
     with path.open("rb") as raw:
         gzipped = raw.read(2) == GZIP_MAGIC
         raw.seek(0)

@@ -1,7 +1,6 @@
 """Rebuilding a stale summary (another prompt wrote it, or a message it covers was
-redacted): every archived message summarized again under the current prompt, with a
-compaction's lease, no-gain guard and compare-and-commit (docs/architecture.md). The version
-it replaces is kept, marked superseded; the new one covers the same range.
+redacted) with a compaction's lease, no-gain guard and compare-and-commit; the version it
+replaces is kept, marked superseded (docs/architecture.md, "Rebuild and redaction").
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Undoing a compaction: the active summary is reverted, and the context is what it was
-before that summary was written, plus whatever was appended since.
-
-The version it extended (or none) is active again, and so are the messages it archived;
-the reverted version stays in the history, marked ``reverted``; the key facts it wrote are
-undone (through the commit hooks). No summarizer call, but the compaction's lease and
+"""Undoing a compaction: the context is what it was before the active summary was written,
+plus whatever was appended since. No summarizer call, but the compaction's lease and
 compare-and-commit all the same (docs/architecture.md, "Undo a compaction").
 """
 
@@ -78,9 +74,8 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
 
 
 def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summary | None]:
-    """Under the row lock and the lease: the messages ``target`` archived, and the version
-    it was written from (None: none; read now, a redaction may have withheld it), active
-    again."""
+    """Under the row lock and the lease: the messages ``target`` archived, and the version it
+    was written from (None: none; read now, a redaction may have withheld it), active again."""
     db = locked._state.db
     archived = Message.objects.using(db).filter(conversation=locked, summary=target)
     restored = list(archived.order_by("seq"))
