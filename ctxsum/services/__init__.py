@@ -46,7 +46,6 @@ from ctxsum.services.revert import conversation_revert
 from ctxsum.services.row_lease import LeaseLost
 from ctxsum.services.transactions import write_db
 
-# The Python API (README, "The Python API").
 __all__ = [
     "conversation_compact",
     "conversation_compact_queued",
@@ -61,7 +60,6 @@ __all__ = [
     "message_redact",
     "write_db",
 ]
-# For the REST layer, the admin and the commands.
 __all__ += [
     "MAX_SUBJECT_CHARS",
     "POLICY_FIELDS",

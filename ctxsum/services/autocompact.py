@@ -160,23 +160,20 @@ def conversation_compact_queued(
     failed summarizer call is recorded and raised, not retried."""
     try:
         conversation = Conversation.objects.using(database).get(pk=conversation_id)
-    except Conversation.DoesNotExist:
-        return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
-    if not compaction_due(conversation) and not summary_withheld(conversation=conversation):
-        return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
-    checked = _check_done(conversation, since, db=database) if since else None
-    if checked is not None:
-        return checked
-    expires = lease_expires(conversation)
-    if expires is not None and expires > timezone.now():
-        _defer(defer, conversation_id, database, expires, since)
-        return AutoCompaction(compacted=False, reason=Reason.IN_PROGRESS)
-    started = timezone.now()
-    check_at = started + timedelta(seconds=lease_seconds())
-    _defer(defer, conversation_id, database, check_at, started.isoformat())
-    try:
+        if not compaction_due(conversation) and not summary_withheld(conversation=conversation):
+            return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
+        checked = _check_done(conversation, since, db=database) if since else None
+        if checked is not None:
+            return checked
+        expires = lease_expires(conversation)
+        if expires is not None and expires > timezone.now():
+            _defer(defer, conversation_id, database, expires, since)
+            return AutoCompaction(compacted=False, reason=Reason.IN_PROGRESS)
+        started = timezone.now()
+        check_at = started + timedelta(seconds=lease_seconds())
+        _defer(defer, conversation_id, database, check_at, started.isoformat())
         return _compact_rounds(conversation)
-    except Conversation.DoesNotExist:
+    except Conversation.DoesNotExist:  # deleted before or during the compaction
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
 
 
@@ -217,9 +214,8 @@ def _compact_rounds(conversation: Conversation) -> AutoCompaction:
         if not (result.compacted and result.over_trigger and conversation.next_seq > newest):
             break
     assert result is not None
-    db = write_db(conversation)
     withheld = not result.compacted and summary_withheld(conversation=conversation)
-    if withheld and not rebuild_gave_no_gain(conversation, db=db):
+    if withheld and not rebuild_gave_no_gain(conversation, db=write_db(conversation)):
         rebuilt = conversation_rebuild(conversation=conversation)
         version = rebuilt.summary.version if rebuilt.summary else None
         return AutoCompaction(

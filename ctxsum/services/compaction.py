@@ -99,7 +99,6 @@ def conversation_compact(
 
 
 def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
-    """The conversation as it is now, and the plan for it."""
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     context = context_get(conversation=conversation)
@@ -157,13 +156,28 @@ def _compact_leased(run: _Run) -> CompactionResult:
     try:
         with leased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
             if token is None:
-                return _skipped(run, Reason.IN_PROGRESS)
-            summary, attempt = _summarize_and_commit(run, token)
+                return _skipped(run, Reason.IN_PROGRESS, archived=[])
+            # Outside every transaction: the LLM call may take seconds and holds no lock.
+            written = summary_write(
+                run.conversation,
+                run.so_far,
+                run.source,
+                budget=run.plan.summary_budget,
+                before_call=partial(lease_renew, run.conversation, token, db=run.db),
+            )
+            gain_check(written, replaced_tokens=_replaced(run))
+            summary, attempt = _commit(run, written, token)
     except NoGain:
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
     except (_Conflict, LeaseLost):
         return _skipped(run, Reason.CONFLICT, archived=run.archived, outcome=Outcome.CONFLICT)
-    context = _read_after_commit(run)
+    conversation = run.conversation
+    try:
+        conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
+        context: ActiveContext | None = context_get(conversation=conversation)
+    except DatabaseError:  # the compaction stands: whoever asked is told it compacted
+        logger.exception("Conversation %s compacted; its context was not read.", conversation.pk)
+        context = None
     return CompactionResult(
         compacted=True,
         reason=Reason.COMPACTED,
@@ -174,32 +188,6 @@ def _compact_leased(run: _Run) -> CompactionResult:
         archived=run.archived,
         over_trigger=over_trigger(context, run.policy) if context else run.plan.over_trigger,
     )
-
-
-def _read_after_commit(run: _Run) -> ActiveContext | None:
-    """The conversation and its context after the commit; None (logged) if unreadable."""
-    conversation = run.conversation
-    try:
-        conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))
-        return context_get(conversation=conversation)
-    except DatabaseError:
-        logger.exception("Conversation %s compacted; its context was not read.", conversation.pk)
-        return None
-
-
-def _summarize_and_commit(run: _Run, token: str) -> tuple[Summary, CompactionAttempt]:
-    """Summarize the archived range under the lease ``token``, then commit the summary."""
-    # Outside every transaction: the LLM call may take seconds and holds no lock.
-    written = summary_write(
-        run.conversation,
-        run.so_far,
-        run.source,
-        budget=run.plan.summary_budget,
-        before_call=partial(lease_renew, run.conversation, token, db=run.db),
-    )
-    gain_check(written, replaced_tokens=_replaced(run))
-    checked = summary_coverage(run.so_far, run.source, written.text)
-    return _commit(run, written, checked, token)
 
 
 def _replaced(run: _Run) -> int:
@@ -214,11 +202,10 @@ def gain_check(written: Written, *, replaced_tokens: int) -> None:
         raise NoGain
 
 
-def _commit(
-    run: _Run, written: Written, checked: Coverage, token: str
-) -> tuple[Summary, CompactionAttempt]:
+def _commit(run: _Run, written: Written, token: str) -> tuple[Summary, CompactionAttempt]:
     """Insert the summary and archive the covered messages, if the snapshot still holds."""
     previous, archived = run.context.summary, run.archived
+    checked = summary_coverage(run.so_far, run.source, written.text)
     event = SummaryCommitted(facts=written.facts)
     hooks = concerned(run.conversation, event, db=run.db)
     with transaction.atomic(using=run.db):
@@ -232,15 +219,17 @@ def _commit(
         # The context must still shrink, the blocks included.
         room = _replaced(run) - written.token_count - 1
         commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
-        _move_counters(locked, previous, summary, archived)
-        attempt = CompactionAttempt.objects.using(run.db).create(
-            conversation=locked,
+        archived_tokens = sum(row.token_count for row in archived)
+        old_summary_tokens = previous.token_count if previous else 0
+        locked.active_message_count -= len(archived)
+        locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
+        attempt = commit_save(
+            locked,
             outcome=Outcome.COMPACTED,
             reason=Reason.COMPACTED,
             summary=summary,
             forced=run.force,
             tokens_before=run.plan.tokens_before,
-            tokens_after=locked.context_tokens,
             messages_archived=len(archived),
             from_seq=archived[0].seq,
             to_seq=archived[-1].seq,
@@ -371,23 +360,15 @@ COMMIT_FIELDS = (
 )
 
 
-def _move_counters(
-    locked: Conversation, previous: Summary | None, summary: Summary, archived: list[Message]
-) -> None:
-    """The new summary replaces the old one and the archived rows in the counters."""
-    archived_tokens = sum(row.token_count for row in archived)
-    old_summary_tokens = previous.token_count if previous else 0
-    locked.active_message_count -= len(archived)
-    locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
-    commit_save(locked)
-
-
-def commit_save(locked: Conversation) -> None:
-    """Save a commit's counters with ``revision`` moved and the lease released."""
+def commit_save(locked: Conversation, **attempt: Any) -> CompactionAttempt:
+    """Save a commit's counters with ``revision`` moved and the lease released, and record
+    its attempt: the fields ``attempt`` gives, and the context's tokens after."""
     locked.revision += 1
     locked.lease_owner = ""
     locked.leased_at = None
     locked.save(update_fields=COMMIT_FIELDS)
+    attempts = CompactionAttempt.objects.using(locked._state.db)
+    return attempts.create(conversation=locked, tokens_after=locked.context_tokens, **attempt)
 
 
 def attempt_record(conversation: Conversation, *, db: str, **fields: Any) -> CompactionAttempt:
@@ -435,14 +416,9 @@ def _planned_only(run: _Run, *, dry_run: bool) -> CompactionResult:
 
 
 def _skipped(
-    run: _Run,
-    reason: Reason,
-    *,
-    archived: list[Message] | None = None,
-    outcome: str = Outcome.SKIPPED,
+    run: _Run, reason: Reason, *, archived: list[Message], outcome: str = Outcome.SKIPPED
 ) -> CompactionResult:
     """A compaction that was due but did not happen; recorded with the range it planned."""
-    archived = archived or []
     attempt = _record(run, outcome, reason, archived=archived)
     return CompactionResult(
         compacted=False,
@@ -474,7 +450,6 @@ def _failed(run: _Run, error: BaseException) -> None:
 def signal_after_commit(name: str, conversation: Conversation, *, db: str, **kwargs: Any) -> None:
     """Send the signal ``name`` of ``ctxsum.signals`` for ``conversation`` once the
     transaction on ``db`` commits; a receiver's error is logged (``after_commit``)."""
-    send = partial(
-        getattr(signals, name).send, sender=Conversation, conversation=conversation, **kwargs
-    )
+    signal = getattr(signals, name)
+    send = partial(signal.send, sender=Conversation, conversation=conversation, **kwargs)
     after_commit(send, using=db, what=f"{name} of conversation {conversation.pk}")

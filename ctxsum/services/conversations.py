@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import unicodedata
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -16,11 +17,7 @@ from ctxsum import policy as policy_rules
 from ctxsum.hooks import ConversationChanged, commit_apply, commit_lock, concerned
 from ctxsum.models import Conversation, Message
 from ctxsum.selectors import effective_policy
-from ctxsum.services.autocompact import (
-    Schedule,
-    autocompact_schedule,
-    conversation_autocompact,
-)
+from ctxsum.services.autocompact import Schedule, autocompact_schedule, conversation_autocompact
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
@@ -138,7 +135,6 @@ def conversation_create(
     cleaned = messages_clean(messages) if messages not in (None, [], ()) else []
     counts = messages_count(conversation, leading + cleaned)
     db = write_db(conversation)
-    schedule = Schedule.OFF
     # The apps see a subject (ctxsum.facts counts its block once the messages are in).
     fields = frozenset({"subject"} if subject else ())
     named = ConversationChanged(given=fields, changed=fields)
@@ -149,8 +145,7 @@ def conversation_create(
         if leading or cleaned:
             messages_insert(conversation, cleaned, counts, leading=leading[0] if leading else None)
         commit_apply(held, named, locked=conversation)
-        if cleaned:
-            schedule = autocompact_schedule(conversation)
+        schedule = autocompact_schedule(conversation) if cleaned else Schedule.OFF
     conversation_autocompact(conversation=conversation, schedule=schedule)
     return conversation
 
@@ -160,11 +155,8 @@ def _replace_system(conversation: Conversation, system: str) -> None:
     same text again changes nothing. The caller holds the row lock."""
     cleaned = messages_clean([_system_message(system)])
     counts = messages_count(conversation, cleaned)
-    old = (
-        Message.objects.using(conversation._state.db)
-        .filter(conversation=conversation, is_leading=True, replaced_at__isnull=True)
-        .first()
-    )
+    rows = Message.objects.using(conversation._state.db).filter(conversation=conversation)
+    old = rows.filter(is_leading=True, replaced_at__isnull=True).first()
     if old is not None and old.role == "system" and old.content == system:
         return
     if old is not None:
@@ -226,9 +218,7 @@ def conversation_update(
         # _replace_system and the hooks save the counters and move revision themselves.
         if system is not UNSET:
             _replace_system(locked, system)
-        commit_apply(
-            held, ConversationChanged(given=event.given, changed=frozenset(changed)), locked=locked
-        )
+        commit_apply(held, replace(event, changed=frozenset(changed)), locked=locked)
         if changed:
             locked.revision += int(locked.revision == revision)
             locked.save(update_fields=[*changed, "revision", "updated_at"])

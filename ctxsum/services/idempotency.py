@@ -12,7 +12,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -105,7 +105,8 @@ def key_claim(
             continue  # given back meanwhile: claim it anew
         held = rows.filter(pk=found.pk, token=found.token)  # as long as no one took it over
         running = found.state == State.IN_PROGRESS and not CLAIM.abandoned(found, now)
-        if _expired(found, now) and not running:
+        age = now - found.created_at
+        if age >= timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS) and not running:
             if held.update(**fresh):
                 return Claim(pk=found.pk, token=token, db=db)
             continue
@@ -121,10 +122,6 @@ def key_claim(
         if held.filter(applied_at__isnull=True).update(token=token, claimed_at=now):
             return Claim(pk=found.pk, token=token, db=db)
     return Found.IN_PROGRESS
-
-
-def _expired(found: IdempotencyKey, now: datetime) -> bool:
-    return found.created_at <= now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS)
 
 
 def key_applied(claim: Claim | None) -> None:
@@ -167,8 +164,7 @@ def keys_expired_delete(*, db: str | None = None) -> int:
     now = timezone.now()
     expired = Q(created_at__lte=now - timedelta(seconds=ctxsum_settings.IDEMPOTENCY_KEY_SECONDS))
     live_claim = Q(
-        state=State.IN_PROGRESS,
-        claimed_at__gt=now - timedelta(seconds=CLAIM.stale_after()),
+        state=State.IN_PROGRESS, claimed_at__gt=now - timedelta(seconds=CLAIM.stale_after())
     )
     rows = IdempotencyKey.objects.using(db or write_db())
     deleted, _ = rows.filter(expired & ~live_claim).delete()

@@ -1,11 +1,6 @@
-"""Importing conversations from JSON Lines records, one conversation per line:
-
-    {"id": str, "source": str, "license": str, "valid": bool, "meta": {...},
-     "messages": [OpenAI chat messages], "title": str (optional)}
-
-Plain or gzip-compressed. Each record is stored all or nothing by ``conversation_create``;
-a rejected one is counted with its reason, one whose ``id`` the owner already imported is
-skipped, so a re-run only adds what is new.
+"""Importing conversations from JSON Lines records, one per line (the format: README,
+``ctxsum_import``). Each is stored all or nothing by ``conversation_create``; a rejected one
+is counted with its reason, one whose ``id`` the owner already imported is skipped.
 """
 
 from __future__ import annotations
@@ -34,10 +29,6 @@ REASON_CHARS = 300
 # Lines committed together (each conversation in a savepoint): one disk sync per chunk, and
 # an interrupted run loses only its last chunk, which a re-run imports.
 CHUNK_LINES = 200
-
-NOT_AN_OBJECT = "not a JSON object"
-NO_ID = "no 'id' (a non-empty string)"
-NO_MESSAGES = "no 'messages' (a non-empty list)"
 
 
 class RecordInvalid(ValueError):
@@ -87,11 +78,11 @@ def record_parse(line: str | bytes) -> dict[str, Any]:
     except ValueError as error:
         raise RecordInvalid(f"not valid JSON: {error}") from error
     if not isinstance(record, dict):
-        raise RecordInvalid(NOT_AN_OBJECT)
+        raise RecordInvalid("not a JSON object")
     if not isinstance(record.get("id"), str) or not record["id"]:
-        raise RecordInvalid(NO_ID)
+        raise RecordInvalid("no 'id' (a non-empty string)")
     if not isinstance(record.get("messages"), list) or not record["messages"]:
-        raise RecordInvalid(NO_MESSAGES)
+        raise RecordInvalid("no 'messages' (a non-empty list)")
     return record
 
 
@@ -107,22 +98,17 @@ def record_import(*, owner: Any, record: Mapping[str, Any]) -> Conversation:
 
 def imported_source_ids(owner: Any) -> set[str]:
     """Source ids of the conversations ``owner`` already imported."""
-    return set(
-        Conversation.objects.filter(owner=owner, metadata__has_key="source_id").values_list(
-            "metadata__source_id", flat=True
-        )
-    )
+    imported = Conversation.objects.filter(owner=owner, metadata__has_key="source_id")
+    return set(imported.values_list("metadata__source_id", flat=True))
 
 
 def error_reason(error: Exception) -> str:
     """A one-line reason naming the fields, e.g. ``messages[3].tool_call_id: ...``."""
-    if isinstance(error, ValidationError):
-        if hasattr(error, "error_dict"):
-            reason = "; ".join(
-                f"{name}: {' '.join(messages)}" for name, messages in error.message_dict.items()
-            )
-        else:
-            reason = " ".join(error.messages)
+    if isinstance(error, ValidationError) and hasattr(error, "error_dict"):
+        fields = error.message_dict.items()
+        reason = "; ".join(f"{name}: {' '.join(messages)}" for name, messages in fields)
+    elif isinstance(error, ValidationError):
+        reason = " ".join(error.messages)
     else:
         reason = str(error)
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 1] + "…"
@@ -146,9 +132,8 @@ class Tally:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
-    """(line number, line, file bytes read so far) of the non-blank lines of a plain or
-    gzip file. Lines stay bytes: each is decoded on its own, so one bad line is one
-    rejection."""
+    """(line number, line, file bytes read so far) of the non-blank lines of a plain or gzip
+    file. Lines stay bytes: each is decoded on its own, so one bad line is one rejection."""
     with path.open("rb") as raw:
         gzipped = raw.read(2) == GZIP_MAGIC
         raw.seek(0)
@@ -156,13 +141,6 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
         for number, line in enumerate(stream, start=1):
             if line.strip():
                 yield number, line, raw.tell()
-
-
-def _chunks(
-    lines: Iterator[tuple[int, bytes, int]], size: int
-) -> Iterator[list[tuple[int, bytes, int]]]:
-    while chunk := list(islice(lines, size)):
-        yield chunk
 
 
 def file_import(
@@ -176,8 +154,8 @@ def file_import(
     """Import the records of one file for ``owner``, skipping ids in ``seen`` (which grows);
     ``progress(bytes_read, tally)`` after every line. Raises OSError or EOFError for a file
     that cannot be read to the end: the chunks before it stay imported."""
-    tally = Tally()
-    for chunk in _chunks(islice(_lines(path), limit), CHUNK_LINES):
+    tally, lines = Tally(), islice(_lines(path), limit)
+    while chunk := list(islice(lines, CHUNK_LINES)):
         with transaction.atomic():
             for number, line, done in chunk:
                 _line_import(path, number, line, owner, seen, tally)

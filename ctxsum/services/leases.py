@@ -39,10 +39,7 @@ lease_release, lease_expires = LEASE.release, LEASE.expires
 
 @contextmanager
 def leased(
-    conversation: Conversation,
-    *,
-    db: str,
-    failed: Callable[[BaseException], None] | None = None,
+    conversation: Conversation, *, db: str, failed: Callable[[BaseException], None] | None = None
 ) -> Iterator[str | None]:
     """Take the conversation's lease for the body: yields its token, or None while another
     worker holds a live lease. A body that raises gives the lease up and, unless it is

@@ -1,7 +1,6 @@
 """Rebuilding a stale summary (another prompt wrote it, or a message it covers was
-redacted): every archived message summarized again under the current prompt, with a
-compaction's lease, no-gain guard and compare-and-commit (docs/architecture.md). The version
-it replaces is kept, marked superseded; the new one covers the same range.
+redacted) with a compaction's lease, no-gain guard and compare-and-commit; the version it
+replaces is kept, marked superseded (docs/architecture.md, "Rebuild and redaction").
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from typing import Any
 from django.db import DatabaseError, transaction
 
 from ctxsum.conf import ctxsum_settings
-from ctxsum.coverage import Coverage
 from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, failure_reason, summary_budget
@@ -79,11 +77,8 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
 def _rebuild_leased(
     conversation: Conversation, previous: Summary, token: str, *, db: str
 ) -> Summary:
-    archived = list(
-        Message.objects.using(db)
-        .filter(conversation=conversation, summary__isnull=False)
-        .order_by("seq")
-    )
+    rows = Message.objects.using(db).filter(conversation=conversation).archived()
+    archived = list(rows.order_by("seq"))
     stands_for = sum(row.token_count for row in archived)
     written = summary_write(
         conversation,
@@ -93,8 +88,7 @@ def _rebuild_leased(
         before_call=partial(lease_renew, conversation, token, db=db),
     )
     gain_check(written, replaced_tokens=stands_for)
-    checked = summary_coverage(None, archived, written.text)
-    return _commit(conversation, previous, written, checked, token, archived=archived, db=db)
+    return _commit(conversation, previous, written, token, archived=archived, db=db)
 
 
 def _budget(conversation: Conversation, previous: Summary, stands_for: int) -> int:
@@ -119,12 +113,12 @@ def _commit(
     conversation: Conversation,
     previous: Summary,
     written: Written,
-    checked: Coverage,
     token: str,
     *,
     archived: list[Message],
     db: str,
 ) -> Summary:
+    checked = summary_coverage(None, archived, written.text)
     event = SummaryCommitted(facts=written.facts)
     hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
@@ -147,14 +141,12 @@ def _commit(
         room = max(previous.token_count - summary.token_count, 0)
         commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
         locked.active_tokens += summary.token_count - previous.token_count
-        commit_save(locked)
-        CompactionAttempt.objects.using(db).create(
-            conversation=locked,
+        commit_save(
+            locked,
             outcome=Outcome.COMPACTED,
             reason=Reason.REBUILT,
             summary=summary,
             tokens_before=before,
-            tokens_after=locked.context_tokens,
             from_seq=summary.from_seq,
             to_seq=summary.to_seq,
         )

@@ -1,11 +1,7 @@
-"""Redacting a message: its words are erased, its place in the conversation is not.
-
-The content becomes the redaction marker, a tool call loses its arguments, the provider
-extras are dropped; tokens and counters are recounted. Every summary version covering the
-message is withheld in the same transaction (a short notice, marked ``covers_redacted``)
-and rebuilt once the redaction commits; a compaction or rebuild that read the message
-before cannot commit (invariant f, docs/architecture.md). The commit hooks take back what
-the apps derived from it (the key facts).
+"""Redacting a message: its words are erased, its place in the conversation is not. Every
+summary version covering it is withheld in the same transaction and rebuilt once the
+redaction commits; the commit hooks take back what the apps derived from it
+(docs/architecture.md, "Rebuild and redaction" and invariant f).
 """
 
 from __future__ import annotations
@@ -51,8 +47,7 @@ def redacted(message: Message) -> dict[str, Any]:
 
 def message_redact(*, conversation: Conversation, seq: int) -> Message:
     """Redact the message at ``seq``; redacting it again changes nothing. Raises
-    Message.DoesNotExist or Conversation.DoesNotExist. ``conversation`` is brought up to
-    date."""
+    Message.DoesNotExist or Conversation.DoesNotExist; ``conversation`` is brought up to date."""
     db = write_db(conversation)
     # The hooks are asked without a lock, from the row; one concerned meanwhile is found
     # under the lock, and the commit starts over with it locking first.
@@ -108,10 +103,10 @@ def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:
     """Withhold the text of every version in ``covering`` (a notice no longer than the
     shortest, and no coverage or skipped facts, which quote the messages); returns how many
     tokens the active summary's message changed."""
-    versions = list(covering.values_list("pk", "active", "token_count"))
+    versions = list(covering.values_list("active", "token_count"))
     if not versions:
         return 0
-    shortest = min(count for _pk, _active, count in versions)
+    shortest = min(count for _active, count in versions)
     for notice in (WITHHELD, *WITHHELD_SHORTER):
         size = summary_size(notice, locked)
         if size <= shortest:
@@ -119,7 +114,7 @@ def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:
     covering.update(
         text=notice, token_count=size, coverage_facts=None, facts_skipped="", covers_redacted=True
     )
-    change = [size - count for _pk, active, count in versions if active]
+    change = [size - count for active, count in versions if active]
     if change:
         db = write_db(locked)
         transaction.on_commit(partial(withheld_rebuild, str(locked.pk), db), using=db)

@@ -1,9 +1,5 @@
-"""Undoing a compaction: the active summary is reverted, and the context is what it was
-before that summary was written, plus whatever was appended since.
-
-The version it extended (or none) is active again, and so are the messages it archived;
-the reverted version stays in the history, marked ``reverted``; the key facts it wrote are
-undone (through the commit hooks). No summarizer call, but the compaction's lease and
+"""Undoing a compaction: the context is what it was before the active summary was written,
+plus whatever was appended since. No summarizer call, but the compaction's lease and
 compare-and-commit all the same (docs/architecture.md, "Undo a compaction").
 """
 
@@ -22,7 +18,7 @@ from ctxsum.policy import Reason
 from ctxsum.selectors import SUMMARY_HEAVY
 from ctxsum.services.autocompact import withheld_rebuild
 from ctxsum.services.compaction import active_summary_is, commit_save, signal_after_commit
-from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, leased
+from ctxsum.services.leases import LeaseLost, lease_lock, leased
 from ctxsum.services.transactions import write_db
 
 NOT_ACTIVE = _(
@@ -30,11 +26,6 @@ NOT_ACTIVE = _(
     "active summary can be reverted."
 )
 NONE_ACTIVE = _("Version {version} is not the active summary; the conversation has none to revert.")
-Outcome = CompactionAttempt.Outcome
-
-
-class _Conflict(WriteNothing):
-    """The active summary changed since it was read: write nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +60,7 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
             if token is None:
                 return Reverted(reverted=False, reason=Reason.IN_PROGRESS, reverted_summary=target)
             locked, restored, attempt = _commit(conversation, target, token, db=db)
-    except (_Conflict, LeaseLost):
+    except LeaseLost:
         return Reverted(reverted=False, reason=Reason.CONFLICT, reverted_summary=target)
     conversation.update_from(locked)
     return Reverted(
@@ -83,9 +74,8 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
 
 
 def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summary | None]:
-    """Under the row lock and the lease: the messages ``target`` archived, and the version
-    it was written from (None: none; read now, a redaction may have withheld it), active
-    again."""
+    """Under the row lock and the lease: the messages ``target`` archived, and the version it
+    was written from (None: none; read now, a redaction may have withheld it), active again."""
     db = locked._state.db
     archived = Message.objects.using(db).filter(conversation=locked, summary=target)
     restored = list(archived.order_by("seq"))
@@ -108,14 +98,13 @@ def _restore(locked: Conversation, target: Summary) -> tuple[list[Message], Summ
 def _commit(
     conversation: Conversation, target: Summary, token: str, *, db: str
 ) -> tuple[Conversation, list[Message], CompactionAttempt]:
-    """Revert ``target`` if it is still the active summary."""
     event = SummaryReverted(target=target)
     hooks = concerned(conversation, event, db=db)
     with transaction.atomic(using=db):
         held = commit_lock(conversation, hooks, event, db=db)  # before the row's lock
         locked = lease_lock(conversation, token, db=db)
-        if not active_summary_is(locked, target):
-            raise _Conflict
+        if not active_summary_is(locked, target):  # changed since it was read: out of date
+            raise LeaseLost
         restored, previous = _restore(locked, target)
         before = locked.context_tokens
         restored_tokens = sum(row.token_count for row in restored)
@@ -124,14 +113,12 @@ def _commit(
             restored_tokens - target.token_count + (previous.token_count if previous else 0)
         )
         commit_apply(held, event, locked=locked)
-        commit_save(locked)
-        attempt = CompactionAttempt.objects.using(db).create(
-            conversation=locked,
-            outcome=Outcome.REVERTED,
+        attempt = commit_save(
+            locked,
+            outcome=CompactionAttempt.Outcome.REVERTED,
             reason=Reason.REVERTED,
             summary=target,
             tokens_before=before,
-            tokens_after=locked.context_tokens,
             from_seq=restored[0].seq if restored else None,
             to_seq=restored[-1].seq if restored else None,
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from django.utils.translation import gettext_lazy as _
 
@@ -82,10 +83,7 @@ def summary_write(
     budget needs; ``before_call`` runs before every call but the first."""
     summarizer, model = get_summarizer(), summary_model(conversation)
     prompt = summary_prompt(budget, summarizer.facts_instruction())
-
-    def count(text: str) -> int:
-        return tokens.count_text(text, model=conversation.model or None)
-
+    count = partial(tokens.count_text, model=conversation.model or None)
     room = history_room(prompt, count)
     if room < MIN_CHUNK_BUDGET:
         raise SummarizerError(BUDGET_TOO_SMALL.format(budget=room))
@@ -147,16 +145,10 @@ def summary_coverage(previous: Summary | None, archived: Sequence[Message], text
     known = [(fact["kind"], fact["text"]) for fact in facts or []]
     if previous is not None and previous.coverage_facts is None:
         # Written before ctxsum kept coverage: read what it covered once.
-        archived = [*_covered_rows(previous), *archived]
+        covered = Message.objects.using(previous._state.db).filter(
+            conversation_id=previous.conversation_id,
+            seq__range=(previous.from_seq, previous.to_seq),
+        )
+        archived = [*covered.archived().order_by("seq"), *archived]
     texts = coverage.message_texts(row.as_openai() for row in archived)
     return coverage.facts_checked(coverage.facts_found(texts, known), text)
-
-
-def _covered_rows(summary: Summary) -> list[Message]:
-    rows = Message.objects.using(summary._state.db).filter(
-        conversation_id=summary.conversation_id,
-        seq__gte=summary.from_seq,
-        seq__lte=summary.to_seq,
-        summary__isnull=False,
-    )
-    return list(rows.order_by("seq"))
