@@ -156,6 +156,20 @@ def test_a_model_that_fails_to_answer_is_a_502(api, conversation, chat_model, se
     assert Message.objects.filter(conversation=conversation).count() == 3
 
 
+def test_chat_options_that_the_checks_would_refuse_fail_the_call_as_a_502(
+    api, conversation, chat_model, settings
+):
+    # The system checks report a bad CHAT_OPTIONS (E014), but a server may run without them:
+    # the call fails as a model error, stores nothing and sends nothing.
+    settings.CTXSUM = {**settings.CTXSUM, "CHAT_OPTIONS": {"extra_body": 5}}
+    for stream in (False, True):
+        response = chat(api, conversation, stream=stream)
+        assert response.status_code == 502
+        assert response.json()["code"] == "model_error"
+    assert chat_model.requests == []
+    assert Message.objects.filter(conversation=conversation).count() == 3
+
+
 def test_limits_and_the_turn_lock_have_their_codes(api, conversation, chat_model, settings):
     settings.CTXSUM = {**settings.CTXSUM, "CHAT_MAX_CALLS_PER_CONVERSATION": 1}
     assert chat(api, conversation).status_code == 200

@@ -97,14 +97,15 @@ def content_blocks(message: Message) -> list[Block]:
 
 
 def _tool_calls(message: Message) -> list[ToolCallView]:
-    # Stored tool calls were validated: each is {"id", "type", "function": {"name", "arguments"}}.
+    # Stored tool calls were validated: each is {"id", "type", "function": {"name", ...}}.
+    functions = [(call, call.get("function") or {}) for call in message.tool_calls or ()]
     return [
         ToolCallView(
-            id=call["id"],
-            name=call["function"]["name"],
-            arguments=cut(pretty_json(call["function"]["arguments"])),
+            id=str(call.get("id", "")),
+            name=str(function.get("name", "")),
+            arguments=cut(pretty_json(function.get("arguments") or "")),
         )
-        for call in message.tool_calls or ()
+        for call, function in functions
     ]
 
 

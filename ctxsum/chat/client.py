@@ -79,7 +79,7 @@ def complete(
     *, model: str, messages: list[dict[str, Any]], options: Mapping[str, Any]
 ) -> Completion:
     """One chat completion; raises ModelError."""
-    return _completion(_create(model=model, messages=messages, **request_options(options)))
+    return _completion(_create(options, model=model, messages=messages))
 
 
 def stream(
@@ -89,11 +89,11 @@ def stream(
     ModelError when the request fails or the stream breaks off. Nothing is sent before the
     first ``next()``."""
     response = _create(
+        options,
         model=model,
         messages=messages,
         stream=True,
         stream_options={"include_usage": True},
-        **request_options(options),
     )
     try:
         for chunk in response:
@@ -107,11 +107,13 @@ def stream(
         response.close()
 
 
-def _create(**params: Any) -> Any:
+def _create(options: Mapping[str, Any], **params: Any) -> Any:
     # The messages and options were checked by ctxsum, not typed as the client's params.
+    # CHAT_OPTIONS are read inside the try: a bad one (the checks do not run under every
+    # server) fails the call as a ModelError, as any other error of the request does.
     create: Any = chat_client().chat.completions.create
     try:
-        return create(**params)
+        return create(**params, **request_options(options))
     except Exception as exc:
         raise model_error(exc) from exc
 

@@ -93,6 +93,8 @@ def facts_commit(
     ``locked`` (its counters, saved by the caller) and of ``shown`` up to date. ``subject``:
     the one whose conversations ``shown`` holds (another one by now: the facts are skipped).
     ``room``: the most tokens ``locked``'s block may grow by."""
+    if not facts:
+        return
     if locked.subject != subject:
         _skipped(summary, [SUBJECT_CHANGED])
         own_block(locked, facts_count(locked))

@@ -103,9 +103,11 @@ def facts_clean(**fields: Any) -> dict[str, Any]:
             cleaned[name], problem = _key(value)
         elif name == "value":
             cleaned[name], problem = _text(value, limit=MAX_VALUE_CHARS, one_line=False)
-        else:  # pinned
+        elif name == "pinned":
             cleaned[name] = value
             problem = None if isinstance(value, bool) else str(NOT_A_BOOLEAN)
+        else:
+            raise TypeError(f"facts_clean() got an unknown field {name!r}")
         if problem:
             errors[name] = [problem]
     if errors:

@@ -219,6 +219,7 @@ def _commit(run: _Run, written: Written, token: str) -> tuple[Summary, Compactio
         # The context must still shrink, the blocks included.
         room = _replaced(run) - written.token_count - 1
         commit_apply(held, replace(event, summary=summary, room=room), locked=locked)
+        # The counters: the new summary replaces the old one and the archived rows.
         archived_tokens = sum(row.token_count for row in archived)
         old_summary_tokens = previous.token_count if previous else 0
         locked.active_message_count -= len(archived)
