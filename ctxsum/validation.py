@@ -269,15 +269,14 @@ def _object_failures(schema: Schema, value: Mapping[str, Any], path: Path) -> It
 Check = Callable[[Any], bool]
 
 
-def _acceptor(schema: Schema) -> Check:
-    """``_accepts`` for one schema, its types and branches looked up once."""
+def _kinds(schema: Schema) -> tuple[type, ...]:
+    """The Python types of the values ``_accepts`` takes: the schema's, its branches', any."""
     schema = _resolve(schema)
     if "type" in schema:
         names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        kinds = tuple(kind for name in names for kind in PYTHON_TYPES[name])
-        return lambda value: isinstance(value, kinds)
-    branches = [_acceptor(branch) for branch in schema.get("oneOf", ())]
-    return lambda value: not branches or any(accepts(value) for accepts in branches)
+        return tuple(kind for name in names for kind in PYTHON_TYPES[name])
+    branches = schema.get("oneOf", ())
+    return tuple(kind for branch in branches for kind in _kinds(branch)) or (object,)
 
 
 def _passes(schema: Schema) -> Check:
@@ -295,28 +294,36 @@ def _passes(schema: Schema) -> Check:
 
         return tagged
     if "oneOf" in schema and "type" not in schema:
-        branches = [(_acceptor(branch), _passes(branch)) for branch in schema["oneOf"]]
-        return lambda value: next((ok(value) for fits, ok in branches if fits(value)), False)
+        branches = [(_kinds(branch), _passes(branch)) for branch in schema["oneOf"]]
+
+        def one_of(value: Any) -> bool:  # the first branch the value's type fits decides
+            for kinds, ok in branches:
+                if isinstance(value, kinds):
+                    return ok(value)
+            return False
+
+        return one_of
     return _node_passes(schema)
 
 
 def _node_passes(schema: Schema) -> Check:
-    accepts, enum = _acceptor(schema), schema.get("enum")
+    kinds, enum = _kinds(schema), schema.get("enum")
     limits = [(*LIMITS[keyword], schema[keyword]) for keyword in LIMITS if keyword in schema]
     properties = [(key, _passes(sub)) for key, sub in schema.get("properties", {}).items()]
     required, names = set(schema.get("required", ())), set(schema.get("properties", {}))
     closed = schema.get("additionalProperties") is False
     any_of = [_passes(branch) for branch in schema.get("anyOf", ())]
     items = _passes(schema["items"]) if "items" in schema else None
+    keyed = closed or bool(properties or any_of)  # whether an object's keys are checked
 
     def passes(value: Any) -> bool:
-        if not accepts(value) or (enum is not None and value not in enum):
+        if not isinstance(value, kinds) or (enum is not None and value not in enum):
             return False
-        if any(
+        if limits and any(
             isinstance(value, kind) and not holds(value, limit) for kind, holds, limit in limits
         ):
             return False
-        if isinstance(value, DICT_TYPES):
+        if keyed and isinstance(value, DICT_TYPES):
             if (closed and not names.issuperset(value)) or (
                 any_of and not any(ok(value) for ok in any_of)
             ):
@@ -331,7 +338,6 @@ def _node_passes(schema: Schema) -> Check:
 
 
 MESSAGE_PASSES = _passes(MESSAGE)
-KNOWN_FIELDS = frozenset(FIELDS)
 
 
 def _worded(failure: Failure) -> str:
@@ -387,13 +393,9 @@ def _call_errors(failures: list[Failure]) -> list[str]:
 
 def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
     """Every error of a message, by field, in the order of FIELDS (unknown ones first)."""
-    calls = message.get("tool_calls")
-    if (
-        MESSAGE_PASSES(message)
-        and KNOWN_FIELDS.issuperset(message)
-        and not (isinstance(calls, list) and _repeated_ids(calls, []))
-    ):
-        return {}  # the usual message, found valid without naming what fails
+    calls = message.get("tool_calls")  # once the schema passes: None or valid calls
+    if MESSAGE_PASSES(message) and (not calls or len({call["id"] for call in calls}) == len(calls)):
+        return {}  # the usual message, found valid (no unknown field: closed schemas)
     unknown = [field_name(field) for field in sorted(set(message) - set(FIELDS))]
     errors = {key: [str(UNKNOWN_FIELD)] for key in unknown}
     role = message.get("role")

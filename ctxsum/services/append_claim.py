@@ -19,7 +19,6 @@ from weakref import WeakKeyDictionary
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field
-from django.db.models.sql.compiler import SQLCompiler
 from django.utils import timezone
 
 from ctxsum.models import Conversation, Message, ToolCall
@@ -31,11 +30,9 @@ BY_COUNT = ("next_seq", "message_count", "active_message_count")
 RETURNED = Conversation._meta.concrete_fields
 # The statement per database vendor (quoting names is the backend's).
 _SQL: dict[str, str] = {}
-# A query compiler and its converters of the returned columns, per connection (each thread
-# has its own): the returned values become field values as a query's would.
-_CONVERTERS: WeakKeyDictionary[BaseDatabaseWrapper, tuple[SQLCompiler, dict[int, Any]]] = (
-    WeakKeyDictionary()
-)
+# The query compiler's converters of the returned columns, by index, per connection (each
+# thread has its own): the returned values become field values as a query's would.
+_CONVERTERS: WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, Any]]] = WeakKeyDictionary()
 
 
 def append_claim(*, pk: Any, db: str, count: int, tokens: int) -> Conversation:
@@ -102,7 +99,7 @@ class _ClaimInsert:
     added: str  # ) AS v (…) RETURNING id, seq)
     calls: str  # , calls AS (INSERT INTO the tool-call index … FROM claim, added, (VALUES
     joined: str  # ) AS c (back, call_id, name) WHERE added.seq = claim.next_seq - c.back)
-    tail: str  # SELECT claim.<every returned column>, ARRAY(ids of added) FROM claim
+    tail: str  # SELECT claim.* (the returned columns), ARRAY(ids of added) FROM claim
 
 
 _CLAIM_INSERTS: dict[str, _ClaimInsert] = {}
@@ -144,10 +141,7 @@ def _claim_insert(connection: BaseDatabaseWrapper) -> _ClaimInsert:
                 f"added.{seq}, c.call_id, c.name FROM claim, added, (VALUES"
             ),
             joined=f") AS c (back, call_id, name) WHERE added.{seq} = {next_seq} - c.back)",
-            tail=(
-                f"SELECT {', '.join(f'claim.{quote(column_name(f))}' for f in RETURNED)}, "
-                f"ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim"
-            ),
+            tail=f"SELECT claim.*, ARRAY(SELECT {pk} FROM added ORDER BY {seq}) FROM claim",
         )
     return statement
 
@@ -174,14 +168,17 @@ def _sql(connection: BaseDatabaseWrapper) -> str:
 
 
 def _conversation(row: Any, db: str, connection: BaseDatabaseWrapper) -> Conversation:
-    """The returned columns as a Conversation, each value converted by the query compiler's
-    converters (UUIDs and datetimes on SQLite, JSON everywhere)."""
+    """The returned columns as a Conversation, each value but None (which every converter
+    keeps) converted by the query compiler's converters (UUIDs, datetimes, JSON)."""
     found = _CONVERTERS.get(connection)
     if found is None:
         compiler = Conversation.objects.all().query.get_compiler(connection=connection)
         table = Conversation._meta.db_table
         converters = compiler.get_converters([field.get_col(table) for field in RETURNED])
-        found = _CONVERTERS[connection] = (compiler, converters)
-    compiler, converters = found
-    (values,) = compiler.apply_converters([row], converters)
+        found = _CONVERTERS[connection] = list(converters.items())
+    values = list(row)
+    for index, (converters, column) in found:
+        if values[index] is not None:
+            for convert in converters:
+                values[index] = convert(values[index], column, connection)
     return Conversation.from_db(db, [], values)  # every field: the names are not needed
