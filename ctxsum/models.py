@@ -47,6 +47,12 @@ class Conversation(models.Model):
     active_tokens = models.PositiveIntegerField(default=0)
     # Tokens of the facts block alone (0: no block), part of active_tokens.
     facts_tokens = models.PositiveIntegerField(default=0)
+    # What the stats read instead of counting the history: the archived messages and their
+    # tokens, the summaries written, the compactions (rebuilds included) committed.
+    archived_message_count = models.PositiveIntegerField(default=0)
+    archived_tokens = models.PositiveBigIntegerField(default=0)
+    summary_count = models.PositiveIntegerField(default=0)
+    compaction_count = models.PositiveIntegerField(default=0)
     # Bumped on every change of the conversation or its context (an ETag for clients).
     revision = models.PositiveIntegerField(default=0)
 

@@ -6,18 +6,12 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import QuerySet
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.hooks import Block, context_blocks, contributed_stats
 from ctxsum.layout import LEADING, SUMMARY, ContextLayout, Part, layout_of
-from ctxsum.models import (
-    CompactionAttempt,
-    Conversation,
-    Message,
-    Summary,
-    SummaryQuerySet,
-)
+from ctxsum.models import Conversation, Message, Summary, SummaryQuerySet
 from ctxsum.policy import Policy, parse_policy
 
 # The reads the README documents ("The Python API"), the context's type, and the reads the
@@ -251,26 +245,24 @@ def summary_list(*, conversation: Conversation) -> QuerySet[Summary]:
     return summaries.select_related("previous").defer(*_DEFERRED)
 
 
-def conversation_stats(*, conversation: Conversation) -> dict[str, int]:
-    """Counts and token totals of one conversation, then those the optional apps add
-    (``ctxsum.hooks.contribute_stats``: the chat turns' usage)."""
-    archived = Message.objects.filter(conversation=conversation).archived()
-    archived_totals = archived.aggregate(count=Count("id"), tokens=Sum("token_count"))
-    active_summary = (
-        Summary.objects.filter(conversation=conversation, active=True)
-        .values_list("token_count", flat=True)
-        .first()
-    )
-    archived_tokens = archived_totals["tokens"] or 0
+def conversation_stats(
+    *, conversation: Conversation, context: ActiveContext | None = None
+) -> dict[str, int]:
+    """Counts and token totals of one conversation, from its counters, then those the
+    optional apps add (``ctxsum.hooks.contribute_stats``: the chat turns' usage). One query
+    for the active summary's tokens, none when given the ``context`` it was read with."""
+    if context is None:
+        active = Summary.objects.filter(conversation=conversation, active=True)
+        summary_tokens = active.values_list("token_count", flat=True).first() or 0
+    else:
+        summary_tokens = context.summary.token_count if context.summary else 0
     return {
         "message_count": conversation.message_count,
         "active_message_count": conversation.active_message_count,
-        "archived_message_count": archived_totals["count"],
+        "archived_message_count": conversation.archived_message_count,
         "active_tokens": conversation.context_tokens,
-        "summary_count": Summary.objects.filter(conversation=conversation).count(),
-        "compaction_count": CompactionAttempt.objects.filter(
-            conversation=conversation, outcome=CompactionAttempt.Outcome.COMPACTED
-        ).count(),
-        "tokens_saved": max(0, archived_tokens - (active_summary or 0)),
+        "summary_count": conversation.summary_count,
+        "compaction_count": conversation.compaction_count,
+        "tokens_saved": max(0, conversation.archived_tokens - summary_tokens),
         **contributed_stats(conversation),
     }

@@ -33,7 +33,8 @@ conversation, its rows and its summaries, and asserts (with messages that say wh
     superseded; every summary names its prompt version, prompt SHA-256 (64 hex) and model,
     with from_seq <= to_seq; the counters (active_message_count, active_tokens with the
     active summary and the facts block, facts_tokens, message_count, next_seq) equal the
-    sums over the rows.
+    sums over the rows, and so do those the stats read (archived_message_count,
+    archived_tokens, summary_count, compaction_count: the compacted attempts).
 (f) erasure: a summary version whose range holds a message redacted after the version was
     written is withheld (``covers_redacted``, its text a withheld notice, no coverage
     check); with ``original_messages``, a redacted message's transcript row is its redacted
@@ -64,7 +65,7 @@ from ctxsum.facts.block import (
     facts_visible,
 )
 from ctxsum.facts.models import Fact, FactChange
-from ctxsum.models import Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import LEADING_ROLES
 from ctxsum.selectors import ActiveContext, context_get, summary_message, transcript_list
 from ctxsum.services.redaction import WITHHELD, WITHHELD_SHORTER, redacted
@@ -112,6 +113,7 @@ def assert_context_invariants(
         _check_originals(state, originals)
     _check_tool_results(state)
     _check_counters(state)
+    _check_history_counters(state)
     _check_erasure(state, originals)
 
 
@@ -408,6 +410,22 @@ def _check_counters(state: _State) -> None:
     assert by_query == len(in_context), (
         f"{label}: {by_query} rows are active by query, {len(in_context)} by inspection"
     )
+
+
+def _check_history_counters(state: _State) -> None:
+    """(e) The counters the stats read equal a recount of the rows: the archived messages
+    and their tokens, the summaries, the compactions and rebuilds committed."""
+    compacted = CompactionAttempt.objects.filter(
+        conversation=state.conversation, outcome=CompactionAttempt.Outcome.COMPACTED
+    )
+    recount = {
+        "archived_message_count": len(state.archived),
+        "archived_tokens": sum(row.token_count for row in state.archived),
+        "summary_count": len(state.summaries),
+        "compaction_count": compacted.count(),
+    }
+    stored = {name: getattr(state.conversation, name) for name in recount}
+    assert stored == recount, f"{state.label}: the counters {stored}, a recount {recount}"
 
 
 def _as_stored(row: Message, sent: dict[str, Any]) -> dict[str, Any]:

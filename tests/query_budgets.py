@@ -36,9 +36,9 @@ REST_APPEND = REST_LOOKUP + APPEND
 REST_CONTEXT = REST_LOOKUP + CONTEXT
 # Transcript page: the lookup, the paginator's COUNT, the page.
 TRANSCRIPT_PAGE = 3
-# Detail: the lookup, the context (3), the stats (archived totals, active summary, summary
-# count, compaction count, chat usage).
-REST_DETAIL = REST_LOOKUP + CONTEXT + 5
+# Detail: the lookup, the context (3), the stats (the core's from the conversation's
+# counters and the context's summary; the chat usage).
+REST_DETAIL = REST_LOOKUP + CONTEXT + 1
 
 # --- Idempotency-Key (tests/test_queries.py) ---------------------------------------------
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from django.db.models import (
-    Aggregate,
     Count,
     F,
     IntegerField,
@@ -38,30 +36,20 @@ def metadata_source() -> Cast:
     return Cast(KeyTextTransform("source", "metadata"), output_field=TextField())
 
 
-def _total(queryset: QuerySet[Any], aggregate: Aggregate) -> Coalesce:
-    """``aggregate`` over a correlated subquery, one row per outer conversation; 0 when
-    the conversation has no row."""
-    rows = queryset.order_by().values("conversation").annotate(total=aggregate).values("total")
-    return Coalesce(Subquery(rows, output_field=IntegerField()), 0)
-
-
 def conversation_rows(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
     """Conversations with what their list shows, in the same query: ``source`` (the
     metadata's), ``summary_total``, ``tokens_saved`` (archived messages' tokens less the
     active summary's), ``last_outcome`` and ``last_attempt_at``."""
-    summaries = Summary.objects.filter(conversation=OuterRef("pk"))
-    archived = Message.objects.filter(conversation=OuterRef("pk"), summary__isnull=False)
     attempts = CompactionAttempt.objects.filter(conversation=OuterRef("pk")).order_by(
         "-created_at", "-pk"
     )
-    active_summary = summaries.filter(active=True).values("token_count")[:1]
+    active = Summary.objects.filter(conversation=OuterRef("pk"), active=True)
     return queryset.select_related("owner").annotate(
         source=metadata_source(),
-        summary_total=_total(summaries, Count("pk")),
-        archived_tokens=_total(archived, Sum("token_count")),
+        summary_total=F("summary_count"),
         tokens_saved=Greatest(
             Value(0),
-            F("archived_tokens") - Coalesce(Subquery(active_summary), 0),
+            F("archived_tokens") - Coalesce(Subquery(active.values("token_count")[:1]), 0),
             output_field=IntegerField(),
         ),
         last_outcome=Subquery(attempts.values("outcome")[:1]),

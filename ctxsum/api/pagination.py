@@ -1,6 +1,7 @@
 """Pages of the API's lists: by number, 50 a page unless ``page_size`` says otherwise. A
-transcript is paged by seq range, its seqs being gapless (docs/architecture.md, invariant
-(e)): no OFFSET and no COUNT(*), so its last page costs what its first one does.
+transcript is paged by seq range and a summary list by version range, both numbered with no
+gaps (docs/architecture.md, invariant (e)): no OFFSET and no COUNT(*), so the last page
+costs what the first one does however long the history.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from django.utils.functional import cached_property
 from rest_framework.pagination import PageNumberPagination
 
 from ctxsum.api import schema
-from ctxsum.models import Message
 
 
 class Pagination(PageNumberPagination):
@@ -26,27 +26,43 @@ class Pagination(PageNumberPagination):
 
 
 if TYPE_CHECKING:
-    MessagePaginator = Paginator[Message]
+    RowPaginator = Paginator[Any]
 else:
-    MessagePaginator = Paginator  # not subscriptable at run time
+    RowPaginator = Paginator  # not subscriptable at run time
 
 
-class SeqPaginator(MessagePaginator):
-    """Django's paginator over one conversation's messages, by seq range."""
+class SeqPaginator(RowPaginator):
+    """Django's paginator over one conversation's rows numbered with no gaps: messages by
+    ``seq`` from 0, oldest first (a subclass: summaries by ``version`` from 1, newest
+    first). The count is the newest number's (one index lookup), a page a range of them."""
 
-    object_list: QuerySet[Message]
+    number, first, newest_first = "seq", 0, False
+    object_list: QuerySet[Any]
 
     @cached_property
     def count(self) -> int:
-        newest = self.object_list.order_by("-seq").values_list("seq", flat=True).first()
-        return 0 if newest is None else newest + 1
+        rows = self.object_list.order_by(f"-{self.number}")
+        newest = rows.values_list(self.number, flat=True).first()
+        return 0 if newest is None else newest + 1 - self.first
 
-    def page(self, number: Any) -> Page[Message]:
+    def page(self, number: Any) -> Page[Any]:
         number = self.validate_number(number)
-        first = (number - 1) * self.per_page
-        rows = self.object_list.filter(seq__gte=first, seq__lt=first + self.per_page)
-        return Page(list(rows.order_by("seq")), number, self)
+        low = self.first + (number - 1) * self.per_page
+        high = low + self.per_page
+        if self.newest_first:  # counted down from the newest: the last page may be short
+            high = self.first + self.count - (number - 1) * self.per_page
+            low = max(high - self.per_page, self.first)
+        rows = self.object_list.filter(**{f"{self.number}__gte": low, f"{self.number}__lt": high})
+        return Page(list(rows.order_by(f"{'-' * self.newest_first}{self.number}")), number, self)
+
+
+class VersionPaginator(SeqPaginator):
+    number, first, newest_first = "version", 1, True
 
 
 class TranscriptPagination(Pagination):
     django_paginator_class = SeqPaginator
+
+
+class SummaryPagination(Pagination):
+    django_paginator_class = VersionPaginator

@@ -282,7 +282,8 @@ class ConversationDetailOutputSerializer(ConversationOutputSerializer):
 
     @extend_schema_field(schema.ConversationStats)
     def get_stats(self, conversation: Conversation) -> dict[str, int]:
-        return selectors.conversation_stats(conversation=conversation)
+        active: selectors.ActiveContext = self.context["active"]
+        return selectors.conversation_stats(conversation=conversation, context=active)
 
 
 class AutoCompactionOutputSerializer(serializers.Serializer[Any]):

@@ -23,7 +23,7 @@ from ctxsum.api.base import (
     version_from_path,
 )
 from ctxsum.api.idempotency import idempotent
-from ctxsum.api.pagination import TranscriptPagination
+from ctxsum.api.pagination import SummaryPagination, TranscriptPagination
 from ctxsum.api.serializers import (
     POLICY_KEYS,
     ApiRootOutputSerializer,
@@ -308,6 +308,7 @@ class SummaryRevert(CtxsumView):
 
 class SummaryList(CtxsumView):
     serializer_class = SummaryOutputSerializer
+    pagination_class = SummaryPagination
 
     @schema.operation(
         "summaries_list",

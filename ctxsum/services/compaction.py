@@ -224,6 +224,8 @@ def _commit(run: _Run, written: Written, token: str) -> tuple[Summary, Compactio
         old_summary_tokens = previous.token_count if previous else 0
         locked.active_message_count -= len(archived)
         locked.active_tokens += summary.token_count - old_summary_tokens - archived_tokens
+        locked.archived_message_count += len(archived)
+        locked.archived_tokens += archived_tokens
         attempt = commit_save(
             locked,
             outcome=Outcome.COMPACTED,
@@ -306,6 +308,7 @@ def summary_insert(
         Summary.objects.using(db).filter(pk=previous.pk).update(active=False, superseded=superseded)
         previous.active, previous.superseded = False, superseded
     newest = Summary.objects.using(db).filter(conversation=locked).aggregate(Max("version"))
+    locked.summary_count += 1  # saved by commit_save
     return Summary.objects.using(db).create(
         conversation=locked,
         version=(newest["version__max"] or 0) + 1,
@@ -353,6 +356,10 @@ def _archive(locked: Conversation, summary: Summary, archived: list[Message]) ->
 COMMIT_FIELDS = (
     "active_message_count",
     "active_tokens",
+    "archived_message_count",
+    "archived_tokens",
+    "summary_count",
+    "compaction_count",
     "facts_tokens",
     "revision",
     "lease_owner",
@@ -365,6 +372,7 @@ def commit_save(locked: Conversation, **attempt: Any) -> CompactionAttempt:
     """Save a commit's counters with ``revision`` moved and the lease released, and record
     its attempt: the fields ``attempt`` gives, and the context's tokens after."""
     locked.revision += 1
+    locked.compaction_count += int(attempt["outcome"] == CompactionAttempt.Outcome.COMPACTED)
     locked.lease_owner = ""
     locked.leased_at = None
     locked.save(update_fields=COMMIT_FIELDS)

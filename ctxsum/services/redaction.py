@@ -89,14 +89,16 @@ def _redact(locked: Conversation, message: Message) -> None:
     message.token_count = tokens.count_message(message.as_openai(), model=locked.model or None)
     message.redacted_at = timezone.now()
     message.save(update_fields=["content", "tool_calls", "extra", "token_count", "redacted_at"])
-    if message.summary_id is None and message.replaced_at is None:
+    if message.summary_id is not None:
+        locked.archived_tokens += message.token_count - before
+    elif message.replaced_at is None:
         locked.active_tokens += message.token_count - before  # it is in the context
     locked.revision += 1
     covering = Summary.objects.using(locked._state.db).filter(
         conversation=locked, from_seq__lte=message.seq, to_seq__gte=message.seq
     )
     locked.active_tokens += _withhold(locked, covering)
-    locked.save(update_fields=["active_tokens", "revision", "updated_at"])
+    locked.save(update_fields=["active_tokens", "archived_tokens", "revision", "updated_at"])
 
 
 def _withhold(locked: Conversation, covering: QuerySet[Summary]) -> int:

@@ -109,6 +109,8 @@ def _commit(
         before = locked.context_tokens
         restored_tokens = sum(row.token_count for row in restored)
         locked.active_message_count += len(restored)
+        locked.archived_message_count -= len(restored)
+        locked.archived_tokens -= restored_tokens
         locked.active_tokens += (
             restored_tokens - target.token_count + (previous.token_count if previous else 0)
         )

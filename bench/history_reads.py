@@ -1,0 +1,215 @@
+"""Every GET of a compacted conversation against the length of its history: the detail
+(with its stats), the context, the transcript's and the summary list's first and last pages
+(50 a page), and the facts, through Django's test client logged in as the owner.
+
+Compacted target conversations of 20, 1,000, 10,000 and 100,000 messages, built as
+bench.scaling builds its compacted ones (bench/scaling_state.py: the data's agent history
+written with ``bulk_create``, compacted by the service with the fixed-size summarizer after
+every ``--batch`` messages, the same 6 messages last), among every dialogue of the data as a
+conversation of its own and one other conversation of ``--other-large`` messages; then
+ANALYZE and CHECKPOINT (this machine's PostgreSQL runs without autovacuum). Each round calls
+every read of every target ``--calls`` times, the targets' order rotated by one each round;
+the queries of an untimed first call are recorded. SQLite, then PostgreSQL, each in a process
+of its own; results in docs/PERFORMANCE.md.
+
+    python -m bench.history_reads [--sizes N ...] [--rounds R] [--calls N] [--batch N]
+                                  [--other-large N] [--dialogues N]
+                                  [--database-url URL | --no-postgres] [--output PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.command import add_command_options, backend_django, per_database_main
+from bench.common import write_json
+from tests.support.shared import DATA_DIR
+
+SIZES = (20, 1_000, 10_000, 100_000)
+DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_history_reads"
+READS = (
+    "detail",
+    "context",
+    "transcript_first",
+    "transcript_last",
+    "summaries_first",
+    "summaries_last",
+    "facts",
+)
+PAGE = 50  # the API's default page size
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.history_reads", description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="N")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
+    parser.add_argument("--calls", type=int, default=10, help="timed calls of each read a round")
+    parser.add_argument(
+        "--batch", type=int, default=1_000, help="compact a target after every N messages"
+    )
+    parser.add_argument(
+        "--other-large",
+        type=int,
+        default=100_000,
+        help="messages of the other, never compacted, agent conversation (0: none)",
+    )
+    parser.add_argument(
+        "--dialogues", type=int, default=None, help="other conversations: the first N dialogues"
+    )
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    add_command_options(parser, default_database=DEFAULT_DATABASE, plots=False)
+    return parser.parse_args(argv)
+
+
+def progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def read_urls(conversation: Any) -> dict[str, str]:
+    """The URL of every read of ``conversation``, the last pages' included."""
+    base = f"/api/conversations/{conversation.pk}/"
+    last_message_page = max(1, math.ceil(conversation.message_count / PAGE))
+    last_summary_page = max(1, math.ceil(conversation.summary_count / PAGE))
+    return {
+        "detail": base,
+        "context": f"{base}context/",
+        "transcript_first": f"{base}messages/",
+        "transcript_last": f"{base}messages/?page={last_message_page}",
+        "summaries_first": f"{base}summaries/",
+        "summaries_last": f"{base}summaries/?page={last_summary_page}",
+        "facts": f"{base}facts/",
+    }
+
+
+def reads(target: Any, client: Any) -> list[Any]:
+    """The reads of ``target`` as operations of bench.scaling_measure (nothing to reset)."""
+    from bench.scaling_measure import Operation
+
+    def get(url: str) -> Callable[[], bytes]:
+        def call() -> bytes:
+            response = client.get(url)
+            if response.status_code != 200:
+                raise RuntimeError(f"GET {url}: {response.status_code} {response.content[:200]!r}")
+            content: bytes = response.content
+            return content
+
+        return call
+
+    urls = read_urls(target.built.conversation)
+    return [Operation(name, get(urls[name]), lambda: None) for name in READS]
+
+
+def measure(
+    targets: Sequence[Any], client: Any, *, rounds: int, calls: int
+) -> dict[str, dict[str, Any]]:
+    """Every read of every target, ``rounds`` rounds of ``calls`` calls, the targets' order
+    rotated by one each round; each read's first call (untimed) gives its queries."""
+    from bench.scaling_measure import captured, operation_figures, time_calls
+
+    ops = {target.name: reads(target, client) for target in targets}
+    queries = {name: {op.name: captured(op) for op in each} for name, each in ops.items()}
+    samples: dict[str, dict[str, list[list[float]]]] = {
+        target.name: {name: [] for name in READS} for target in targets
+    }
+    for number in range(rounds):
+        shift = number % len(targets)
+        for target in [*targets[shift:], *targets[:shift]]:
+            for op in ops[target.name]:
+                gc.collect()
+                samples[target.name][op.name].append(time_calls(op, calls))
+        progress(f"round {number + 1}/{rounds}")
+    return {
+        target.name: {
+            name: operation_figures(samples[target.name][name], queries[target.name][name])
+            for name in READS
+        }
+        for target in targets
+    }
+
+
+def run_backend(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the targets among the other conversations, then measure (Django set up)."""
+    from django.test import Client
+
+    from bench.common import bench_owner
+    from bench.scaling_measure import Target, ratio
+    from bench.scaling_state import load_pool, others_build, settle, table_facts, target_build
+    from tests.support.run_info import database_info
+
+    started = time.perf_counter()
+    pool = load_pool(args.data_dir, dialogues=args.dialogues)
+    owner, other = bench_owner("ctxsum-history-reads"), bench_owner("ctxsum-history-other")
+    others = others_build(pool, owner=other, large=args.other_large)
+    targets = []
+    for size in args.sizes:
+        built = target_build(pool, owner=owner, size=size, compacted=True, batch=args.batch)
+        targets.append(Target(f"{size}", size, True, built))
+        progress(f"{args.backend}: built {size:,} in {built.seconds:.1f} s")
+    settle()
+    build_seconds = round(time.perf_counter() - started, 1)
+    client = Client()
+    client.force_login(owner)
+    results = measure(targets, client, rounds=args.rounds, calls=args.calls)
+    small, large = targets[0], targets[-1]
+    return {
+        "database": database_info(),
+        "tables": table_facts(),
+        "others": others,
+        "build_seconds": build_seconds,
+        "targets": [
+            {
+                "size": target.size,
+                "history": target.built.history,
+                "summaries": target.built.summaries,
+                "reads": results[target.name],
+            }
+            for target in targets
+        ],
+        "ratios": {
+            f"{large.size:,} / {small.size:,}": {
+                name: ratio(results[large.name][name], results[small.name][name]) for name in READS
+            }
+        },
+    }
+
+
+def backend_main(args: argparse.Namespace) -> int:
+    """One backend in this process: write its part of the results to ``--part``."""
+    with backend_django(args, prefix="ctxsum-history-reads-"):
+        part = run_backend(args)
+    write_json(part, args.part)
+    return 0
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """Each read's median milliseconds by size, and the largest over the smallest."""
+    lines = []
+    for backend, part in report["backends"].items():
+        for name in READS:
+            medians = [f"{t['reads'][name]['ms']['median']:.2f}" for t in part["targets"]]
+            ratios = [value[name]["median"] for value in part["ratios"].values()]
+            lines.append(f"{backend} {name}: {' / '.join(medians)} ms, ratio {ratios}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return per_database_main(
+        "history_reads",
+        argv,
+        parse_args=parse_args,
+        backend_main=backend_main,
+        draw=lambda report: [],
+        options=("sizes", "rounds", "calls", "batch"),
+        lines=summary_lines,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""bench.history_reads on small targets built from the shipped sample: every read answers,
+and takes the same queries whatever the history's length."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.test import Client
+
+from bench.common import FIXED_SUMMARIZER
+from bench.history_reads import READS, measure, read_urls
+from bench.scaling_measure import Target
+from bench.scaling_state import pool_of, target_build
+from tests.support.shared import FIXTURE_CONVERSATIONS
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def pool(settings):
+    settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": FIXED_SUMMARIZER, "ENCODING": "o200k_base"}
+    records = [json.loads(line) for line in FIXTURE_CONVERSATIONS.read_text().splitlines()]
+    agent_runs = [record for record in records if record["messages"][0]["role"] == "system"]
+    dialogues = [record for record in records if record["messages"][0]["role"] != "system"]
+    return pool_of(agent_runs, dialogues)
+
+
+def test_every_read_takes_the_same_queries_whatever_the_history(pool, user) -> None:
+    built = [
+        target_build(pool, owner=user, size=size, compacted=True, batch=40) for size in (20, 200)
+    ]
+    targets = [Target(str(row.history), row.history, True, row) for row in built]
+    client = Client()
+    client.force_login(user)
+
+    results = measure(targets, client, rounds=2, calls=1)
+
+    small, large = (results[target.name] for target in targets)
+    assert large.keys() == set(READS)
+    assert targets[1].built.summaries > 1
+    assert read_urls(targets[1].built.conversation)["summaries_last"].endswith("?page=1")
+    for name in READS:
+        assert small[name]["queries"] == large[name]["queries"], name
+        assert large[name]["ms"]["n"] == 2
