@@ -205,8 +205,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "keep-fewer-lands-at-ceiling",
         POLICY,
-        "if ceiling is not None and plan.tokens_after > int(ceiling * ratio):",
-        "if ceiling is not None and plan.tokens_after > ceiling:",
+        "if ceiling is not None and tokens > int(ceiling * ratio):",
+        "if ceiling is not None and tokens > ceiling:",
         POLICY_TESTS,
     ),
     Mutant(
@@ -214,6 +214,13 @@ MUTANTS: tuple[Mutant, ...] = (
         POLICY,
         "if not force and not due:",
         "if not due:",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "incoming-ignored",
+        POLICY,
+        "return self.policy.over(count + self.incoming[0], tokens + self.incoming[1])",
+        "return self.policy.over(count, tokens)",
         POLICY_TESTS,
     ),
     # --- validation ----------------------------------------------------------------------
@@ -416,7 +423,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "over-trigger-from-estimate",
         COMPACTION,
-        "over_trigger=over_trigger(context, run.policy) if context else run.plan.over_trigger,",
+        "over_trigger=run.over(context) if context else run.plan.over_trigger,",
         "over_trigger=run.plan.over_trigger,",
         COMPACTION_TESTS,
     ),
