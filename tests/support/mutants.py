@@ -63,6 +63,7 @@ ROW_LEASE = "ctxsum/services/row_lease.py"
 REDACTION = "ctxsum/services/redaction.py"
 FACT_BLOCK = "ctxsum/facts/block.py"
 REBUILD = "ctxsum/services/rebuild.py"
+CHAT_SERVICES = "ctxsum/chat/services.py"
 
 POLICY_TESTS = ("tests/test_policy.py",)
 VALIDATION_TESTS = ("tests/test_validation.py",)
@@ -72,6 +73,7 @@ LEASE_TESTS = ("tests/test_compaction_concurrency.py",)
 PINNED_TESTS = ("tests/test_pinned.py",)
 BOUNDARY_TESTS = ("tests/test_boundaries.py",)
 ERASURE_TESTS = ("tests/test_erasure.py",)
+CROSSING_TESTS = ("tests/test_chat_crossing.py",)
 
 PYTEST_OPTIONS = ("-x", "-q", "-p", "no:cacheprovider")
 # A mutant that makes a loop endless is killed by the clock.
@@ -222,6 +224,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "return self.policy.over(count + self.incoming[0], tokens + self.incoming[1])",
         "return self.policy.over(count, tokens)",
         POLICY_TESTS,
+    ),
+    Mutant(
+        "turn-reply-uncounted",
+        CHAT_SERVICES,
+        "incoming = (new_count + 1, new_tokens + next(replies, 0))",
+        "incoming = (new_count, new_tokens)",
+        CROSSING_TESTS,
     ),
     # --- validation ----------------------------------------------------------------------
     Mutant(
