@@ -360,7 +360,7 @@ class Plan:
     """What a compaction would do: archive the seqs in ``archive`` (None: none), keep the
     newest ``kept`` verbatim, and ask for a summary of at most ``summary_budget`` tokens.
     The ``*_after`` numbers estimate the compacted context; ``over_trigger``: it would
-    still reach the trigger or exceed the ceiling."""
+    still reach the trigger or exceed the ceiling (with the incoming messages)."""
 
     reason: Reason
     archive: SeqRange | None
@@ -377,6 +377,9 @@ class Plan:
         return self.reason == Reason.COMPACTED
 
 
+Incoming = tuple[int, int]  # messages joining the context after a compaction: count, tokens
+
+
 def plan_compaction(
     layout: ContextLayout,
     body: Sequence[Message],
@@ -384,6 +387,7 @@ def plan_compaction(
     policy: Policy,
     force: bool = False,
     sizing: Sizing = Sizing(),
+    incoming: Incoming = (0, 0),
 ) -> Plan:
     """Decide whether and where to compact the context ``layout`` describes; ``body`` holds
     its body messages (OpenAI format), for the tool boundaries. ``force`` ignores the
@@ -392,11 +396,13 @@ def plan_compaction(
     ``keep`` is the most that stays verbatim: when it would leave the context at the
     trigger (or ceiling), fewer are kept so the result lands at ``target_ratio`` of it;
     never fewer than the newest message and its tool round (then ``over_trigger``).
+    ``incoming`` (count, tokens): messages joining the context right after it (a chat turn's
+    message and reply), which the trigger, the ceiling and the target count too.
     """
     if len(body) != len(layout.body_seqs):
         raise ValueError(f"{len(body)} body messages for {len(layout.body_seqs)} seqs.")
-    estimate = _Estimates(layout, policy=policy, sizing=sizing)
-    due = policy.over(layout.message_count, estimate.tokens_before)
+    estimate = _Estimates(layout, policy=policy, sizing=sizing, incoming=incoming)
+    due = estimate.over(layout.message_count, estimate.tokens_before)
     if not force and not due:
         return estimate.unchanged(Reason.BELOW_TRIGGER)
     return _cut(estimate, _ToolBoundaries(body, 0), due=due)
@@ -430,8 +436,11 @@ def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Pla
 class _Estimates:
     """The plans of one context, what every candidate cutoff shares computed once."""
 
-    def __init__(self, layout: ContextLayout, *, policy: Policy, sizing: Sizing) -> None:
+    def __init__(
+        self, layout: ContextLayout, *, policy: Policy, sizing: Sizing, incoming: Incoming
+    ) -> None:
         self.layout, self.policy, self.sizing = layout, policy, sizing
+        self.incoming = incoming
         self.tokens = layout.body_tokens
         self.count = count = len(self.tokens)
         self.tokens_before = layout.token_count
@@ -444,6 +453,11 @@ class _Estimates:
         self.archived = [0] * (count + 1)
         for index in range(count):
             self.archived[index + 1] = self.archived[index] + self.tokens[index]
+
+    def over(self, count: int, tokens: int) -> bool:
+        """Whether a context of this size, with the incoming messages, reaches the trigger
+        or exceeds the ceiling."""
+        return self.policy.over(count + self.incoming[0], tokens + self.incoming[1])
 
     def unchanged(self, reason: Reason) -> Plan:
         return self._plan(reason, 0, self.layout.message_count, self.tokens_before)
@@ -462,7 +476,7 @@ class _Estimates:
             tokens_after=tokens_after,
             summary_budget=budget,
             # Only a compaction can leave the context over: an unchanged one says so elsewhere.
-            over_trigger=compacts and self.policy.over(count_after, tokens_after),
+            over_trigger=compacts and self.over(count_after, tokens_after),
         )
 
     def compaction(self, cutoff: int) -> Plan:
@@ -479,11 +493,14 @@ class _Estimates:
         return self._plan(Reason.COMPACTED, cutoff, count_after, tokens_after, budget)
 
     def lands(self, plan: Plan) -> bool:
-        """Whether a plan lands at ``target_ratio`` of the trigger and the ceiling."""
+        """Whether a plan, with the incoming messages, lands at ``target_ratio`` of the
+        trigger and the ceiling."""
         ratio, ceiling = self.sizing.target_ratio, self.policy.max_context_tokens
-        if ceiling is not None and plan.tokens_after > int(ceiling * ratio):
+        count = plan.message_count_after + self.incoming[0]
+        tokens = plan.tokens_after + self.incoming[1]
+        if ceiling is not None and tokens > int(ceiling * ratio):
             return False
-        return self.policy.trigger.within(ratio, plan.message_count_after, plan.tokens_after)
+        return self.policy.trigger.within(ratio, count, tokens)
 
 
 def _goal_tokens(policy: Policy, ratio: float) -> int | None:

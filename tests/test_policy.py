@@ -863,6 +863,91 @@ def test_policy_errors_are_value_errors_and_checked_by_the_dataclasses_too() -> 
         Policy(trigger=Trigger(messages=3), keep=Keep(messages=3))
 
 
+# --- incoming messages -----------------------------------------------------------------
+
+
+def test_incoming_messages_make_a_context_below_the_trigger_due() -> None:
+    messages = [system_message(), *turns(10)]
+    tokens = [10, *[20] * 10]  # 213 tokens as sent, 11 messages
+    for trigger in ({"tokens": 300}, {"messages": 12}):
+        rule = policy(trigger, {"messages": 4})
+        alone = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
+        assert alone.reason is Reason.BELOW_TRIGGER
+        plan = plan_compaction(
+            messages, tokens, leading=True, has_summary=False, policy=rule, incoming=(1, 90)
+        )
+        assert plan.compacts and (plan.start, plan.cutoff) == (1, 7)
+        # The plan's sizes are the stored context's; the incoming messages are not in them.
+        assert (plan.message_count_before, plan.tokens_before) == (11, 213)
+
+
+def test_keep_is_kept_unless_the_incoming_messages_would_reach_the_trigger() -> None:
+    messages = [system_message(), *turns(20)]
+    tokens = [10, *[20] * 10, 180, 180, 180, 130, 50, *[10] * 5]
+    rule = policy({"tokens": 1000}, {"messages": 10})
+    alone = plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, force=True
+    )
+    # Keeping 10 leaves 10 + 100 + 770 + 3 = 883: below the trigger, so all of keep stays.
+    assert alone.cutoff == 11 and alone.tokens_after == 883 and not alone.over_trigger
+    plan = plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, incoming=(2, 120)
+    )
+    # 883 + 120 reaches it: fewer are kept, so that the context with the incoming 120 lands
+    # at half the trigger: 10 + 250 + 100 + 3 + 120 = 483 (seven kept: 613).
+    assert plan.compacts and not plan.over_trigger
+    assert plan.cutoff == 15 and plan.tokens_after == 363
+    assert (plan.message_count_after, plan.kept) == (8, 6)
+
+
+def test_a_message_trigger_counts_the_incoming_messages_too() -> None:
+    messages = [system_message(), *turns(8)]
+    rule = policy({"messages": 8}, {"messages": 4})
+    alone = plan_compaction(messages, [10] * 9, leading=True, has_summary=False, policy=rule)
+    assert alone.cutoff == 5 and alone.message_count_after == 6
+    plan = plan_compaction(
+        messages, [10] * 9, leading=True, has_summary=False, policy=rule, incoming=(2, 30)
+    )
+    # Six and the two incoming reach the trigger; keeping two would make six, over half of
+    # it with them: only the newest stays.
+    assert plan.compacts and not plan.over_trigger
+    assert plan.cutoff == 8 and plan.message_count_after == 3
+
+
+def test_incoming_messages_let_a_forced_plan_keep_fewer_than_keep() -> None:
+    messages = [system_message(), *turns(4)]
+    rule = policy({"tokens": 300}, {"messages": 10})
+    tokens = [10, 60, 60, 60, 60]
+    alone = plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, force=True
+    )
+    # Retention keeps every message: a forced compaction alone has nothing to do ...
+    assert alone.reason is Reason.NOTHING_TO_SUMMARIZE
+    plan = plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, force=True, incoming=(1, 60)
+    )
+    # ... but 253 + 60 reaches the trigger: it compacts, keeping fewer (none of the cuts
+    # lands at 150 with the 60, so only the newest message stays).
+    assert plan.compacts and plan.cutoff == 4 and not plan.over_trigger
+    assert plan.tokens_after == 10 + 75 + 60 + REPLY_PRIMING
+
+
+def test_over_trigger_counts_the_incoming_messages() -> None:
+    messages = [system_message(), *turns(5)]
+    tokens = [10, 20, 20, 20, 20, 150]
+    rule = policy({"tokens": 300}, {"tokens": 50})
+    alone = plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, force=True
+    )
+    assert alone.compacts and not alone.over_trigger
+    plan = plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, incoming=(1, 100)
+    )
+    # 10 + 40 + 150 + 3 = 203, and the incoming 100 reach 300: as far as it can, and over.
+    assert plan.compacts and plan.cutoff == 5 and plan.over_trigger
+    assert plan.tokens_after == 203
+
+
 # --- properties over random conversations ---------------------------------------------
 
 CALL_IDS = [f"call_{i}" for i in range(6)]
@@ -941,10 +1026,18 @@ def tail_is_valid(messages: list[Message], cutoff: int) -> bool:
 
 
 def assert_compacting_plan(
-    plan: Any, messages: list[Message], tokens: list[int], leading: bool, rule: Policy
+    plan: Any,
+    messages: list[Message],
+    tokens: list[int],
+    leading: bool,
+    rule: Policy,
+    incoming: tuple[int, int] = (0, 0),
 ) -> None:
-    """What a plan that compacts holds to: its sizes, and retention against the trigger."""
+    """What a plan that compacts holds to: its sizes, and retention against the trigger
+    (judged with the ``incoming`` messages)."""
     start, count, ceiling = plan.start, len(messages), rule.max_context_tokens
+    count_after = plan.message_count_after + incoming[0]
+    tokens_after = plan.tokens_after + incoming[1]
     has_summary = start > int(leading)
     # The newest message and its tool round are the least a compaction keeps.
     newest_round = safe_cutoff(messages, start=start, candidate=count - 1)
@@ -962,8 +1055,8 @@ def assert_compacting_plan(
         + sum(tokens[plan.cutoff :])
         + REPLY_PRIMING
     )
-    over = rule.trigger.reached(plan.message_count_after, plan.tokens_after) or (
-        ceiling is not None and plan.tokens_after > ceiling
+    over = rule.trigger.reached(count_after, tokens_after) or (
+        ceiling is not None and tokens_after > ceiling
     )
     assert plan.over_trigger == over
     # Never more kept than retention asks for (tool rounds aside) ...
@@ -973,20 +1066,33 @@ def assert_compacting_plan(
     assert plan.cutoff >= min(preferred, newest_round)
     # ... and fewer only to get off the trigger: then as far as the target or the minimum.
     if plan.cutoff > max(preferred, start + 1) and plan.cutoff != newest_round:
-        assert rule.trigger.within(0.5, plan.message_count_after, plan.tokens_after)
-        assert ceiling is None or plan.tokens_after <= ceiling // 2
+        assert rule.trigger.within(0.5, count_after, tokens_after)
+        assert ceiling is None or tokens_after <= ceiling // 2
     if over:
         assert plan.cutoff == newest_round
 
 
+# Messages joining the context right after the compaction: none, or a chat turn's.
+INCOMING = st.just((0, 0)) | st.tuples(st.integers(1, 3), st.integers(1, 600))
+
+
 @settings(max_examples=400, deadline=None)
-@given(conversation=conversations(), rule=policies(), force=st.booleans())
+@given(conversation=conversations(), rule=policies(), force=st.booleans(), incoming=INCOMING)
 def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
-    conversation: tuple[list[Message], list[int], bool, bool], rule: Policy, force: bool
+    conversation: tuple[list[Message], list[int], bool, bool],
+    rule: Policy,
+    force: bool,
+    incoming: tuple[int, int],
 ) -> None:
     messages, tokens, leading, has_summary = conversation
     plan = plan_compaction(
-        messages, tokens, leading=leading, has_summary=has_summary, policy=rule, force=force
+        messages,
+        tokens,
+        leading=leading,
+        has_summary=has_summary,
+        policy=rule,
+        force=force,
+        incoming=incoming,
     )
     count = len(messages)
     start = int(leading) + int(has_summary)
@@ -1003,11 +1109,11 @@ def test_every_plan_keeps_tool_pairs_the_pinned_front_and_the_newest_message(
         assert plan.reason in (Reason.COMPACTED, Reason.NOTHING_TO_SUMMARIZE)
     ceiling = rule.max_context_tokens
     if plan.compacts:
-        assert_compacting_plan(plan, messages, tokens, leading, rule)
+        assert_compacting_plan(plan, messages, tokens, leading, rule, incoming)
     if plan.reason is Reason.BELOW_TRIGGER:
         assert not force
-        assert not rule.trigger.reached(count, plan.tokens_before)
-        assert ceiling is None or plan.tokens_before <= ceiling
+        assert not rule.trigger.reached(count + incoming[0], plan.tokens_before + incoming[1])
+        assert ceiling is None or plan.tokens_before + incoming[1] <= ceiling
 
 
 @settings(max_examples=300, deadline=None)

@@ -230,13 +230,17 @@ def _compact_if_due(
     conversation: Conversation, new_count: int, new_tokens: int
 ) -> tuple[ActiveContext, AutoCompaction | None]:
     """The context to send: compacted first when, with the new message, it reaches the
-    trigger or exceeds the ceiling. Raises SummarizerError (one attempt, never retried)."""
+    trigger or exceeds the ceiling; it counts the message and a reply as long as the newest
+    one, so neither the call nor the stored pair reaches the trigger. Raises SummarizerError
+    (one attempt, never retried)."""
     context = context_get(conversation=conversation)
     policy = conversation_policy(conversation)
     if not policy.over(len(context.messages) + new_count, context.token_count + new_tokens):
         return context, None
     # Forced: the stored context alone may be below the trigger; the new message is not.
-    result = conversation_compact(conversation=conversation, force=True)
+    replies = (row.token_count for row in reversed(context.body_rows) if row.role == "assistant")
+    incoming = (new_count + 1, new_tokens + next(replies, 0))
+    result = conversation_compact(conversation=conversation, force=True, incoming=incoming)
     # The compacted context to send; read again if the compaction could not read it.
     context = result.context or context_get(conversation=conversation)
     return context, AutoCompaction(

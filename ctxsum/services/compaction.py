@@ -22,7 +22,7 @@ from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
 from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
-from ctxsum.policy import Plan, Policy, Reason, Sizing, failure_reason, plan_compaction
+from ctxsum.policy import Incoming, Plan, Policy, Reason, Sizing, failure_reason, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
 from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
@@ -69,6 +69,8 @@ class _Run:
     archived: list[Message]
     force: bool
     db: str
+    # Messages that join the context right after the compaction (count, tokens).
+    incoming: Incoming = (0, 0)
     # What the summarizer reads (``summary_source``).
     so_far: Summary | None = None
     source: list[Message] = field(default_factory=list)
@@ -77,20 +79,26 @@ class _Run:
     def conversation(self) -> Conversation:
         return self.context.conversation
 
-
-def over_trigger(context: ActiveContext, policy: Policy) -> bool:
-    """Whether the context still reaches its trigger or exceeds its ceiling."""
-    return policy.over(len(context.messages), context.token_count)
+    def over(self, context: ActiveContext) -> bool:
+        """Whether ``context``, with the incoming messages, still reaches the trigger or
+        exceeds the ceiling."""
+        count, tokens = self.incoming
+        return self.policy.over(len(context.messages) + count, context.token_count + tokens)
 
 
 def conversation_compact(
-    *, conversation: Conversation, force: bool = False, dry_run: bool = False
+    *,
+    conversation: Conversation,
+    force: bool = False,
+    dry_run: bool = False,
+    incoming: Incoming = (0, 0),
 ) -> CompactionResult:
     """Compact the conversation if its trigger is reached (or ``force``); ``dry_run`` plans
-    only. Raises SummarizerError when the summarizer fails (recorded, nothing changed, no
-    retry), Conversation.DoesNotExist when the conversation is deleted meanwhile.
+    only; the trigger and ``over_trigger`` count ``incoming`` (``plan_compaction``). Raises
+    SummarizerError when the summarizer fails (recorded, nothing changed, no retry),
+    Conversation.DoesNotExist when the conversation is deleted meanwhile.
     ``conversation`` is brought up to date."""
-    run = _snapshot(conversation, force=force)
+    run = _snapshot(conversation, force=force, incoming=incoming)
     if dry_run or not run.plan.compacts:
         return _planned_only(run, dry_run=dry_run)
     if _had_no_gain(run):
@@ -98,7 +106,7 @@ def conversation_compact(
     return _compact_leased(run)
 
 
-def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
+def _snapshot(conversation: Conversation, *, force: bool, incoming: Incoming) -> _Run:
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     context = context_get(conversation=conversation)
@@ -108,7 +116,9 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
         summary_max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
         summary_overhead=summary_size("", conversation),
     )
-    plan = plan_compaction(context.layout, context.body, policy=policy, force=force, sizing=sizing)
+    plan = plan_compaction(
+        context.layout, context.body, policy=policy, force=force, sizing=sizing, incoming=incoming
+    )
     archive = plan.archive
     archived = [row for row in context.body_rows if archive and row.seq in archive]
     so_far, source = summary_source(context.summary, archived, db=db) if archived else (None, [])
@@ -119,6 +129,7 @@ def _snapshot(conversation: Conversation, *, force: bool) -> _Run:
         archived=archived,
         force=force,
         db=db,
+        incoming=incoming,
         so_far=so_far,
         source=source,
     )
@@ -186,7 +197,7 @@ def _compact_leased(run: _Run) -> CompactionResult:
         summary=summary,
         attempt=attempt,
         archived=run.archived,
-        over_trigger=over_trigger(context, run.policy) if context else run.plan.over_trigger,
+        over_trigger=run.over(context) if context else run.plan.over_trigger,
     )
 
 
@@ -413,7 +424,7 @@ def _planned_only(run: _Run, *, dry_run: bool) -> CompactionResult:
     reason = Reason.DRY_RUN if dry_run and plan.compacts else plan.reason
     if not dry_run and reason in RECORDED_SKIPS:
         _record(run, Outcome.SKIPPED, reason, archived=[])
-    over = plan.over_trigger if plan.compacts else over_trigger(run.context, run.policy)
+    over = plan.over_trigger if plan.compacts else run.over(run.context)
     return CompactionResult(
         compacted=False,
         reason=reason,
@@ -436,7 +447,7 @@ def _skipped(
         plan=run.plan,
         attempt=attempt,
         archived=archived,
-        over_trigger=over_trigger(run.context, run.policy),
+        over_trigger=run.over(run.context),
     )
 
 

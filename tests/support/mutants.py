@@ -63,6 +63,7 @@ ROW_LEASE = "ctxsum/services/row_lease.py"
 REDACTION = "ctxsum/services/redaction.py"
 FACT_BLOCK = "ctxsum/facts/block.py"
 REBUILD = "ctxsum/services/rebuild.py"
+CHAT_SERVICES = "ctxsum/chat/services.py"
 
 POLICY_TESTS = ("tests/test_policy.py",)
 VALIDATION_TESTS = ("tests/test_validation.py",)
@@ -72,6 +73,7 @@ LEASE_TESTS = ("tests/test_compaction_concurrency.py",)
 PINNED_TESTS = ("tests/test_pinned.py",)
 BOUNDARY_TESTS = ("tests/test_boundaries.py",)
 ERASURE_TESTS = ("tests/test_erasure.py",)
+CROSSING_TESTS = ("tests/test_chat_crossing.py",)
 
 PYTEST_OPTIONS = ("-x", "-q", "-p", "no:cacheprovider")
 # A mutant that makes a loop endless is killed by the clock.
@@ -205,8 +207,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "keep-fewer-lands-at-ceiling",
         POLICY,
-        "if ceiling is not None and plan.tokens_after > int(ceiling * ratio):",
-        "if ceiling is not None and plan.tokens_after > ceiling:",
+        "if ceiling is not None and tokens > int(ceiling * ratio):",
+        "if ceiling is not None and tokens > ceiling:",
         POLICY_TESTS,
     ),
     Mutant(
@@ -215,6 +217,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "if not force and not due:",
         "if not due:",
         POLICY_TESTS,
+    ),
+    Mutant(
+        "incoming-ignored",
+        POLICY,
+        "return self.policy.over(count + self.incoming[0], tokens + self.incoming[1])",
+        "return self.policy.over(count, tokens)",
+        POLICY_TESTS,
+    ),
+    Mutant(
+        "turn-reply-uncounted",
+        CHAT_SERVICES,
+        "incoming = (new_count + 1, new_tokens + next(replies, 0))",
+        "incoming = (new_count, new_tokens)",
+        CROSSING_TESTS,
     ),
     # --- validation ----------------------------------------------------------------------
     Mutant(
@@ -416,7 +432,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "over-trigger-from-estimate",
         COMPACTION,
-        "over_trigger=over_trigger(context, run.policy) if context else run.plan.over_trigger,",
+        "over_trigger=run.over(context) if context else run.plan.over_trigger,",
         "over_trigger=run.plan.over_trigger,",
         COMPACTION_TESTS,
     ),
