@@ -1,7 +1,8 @@
 """The compaction that follows an append when ``AUTO_COMPACT`` is on: a task enqueued once
-the append commits (``COMPACTION_RUNNER``), or, over ``MAX_CONTEXT_TOKENS`` or with the
-``sync`` runner, a compaction in the appending process after the commit; never inside the
-append's transaction (docs/architecture.md, "Background compaction").
+the append commits (``COMPACTION_RUNNER``), or, over the ceiling (``MAX_CONTEXT_TOKENS``, else
+the model's: a backstop when no worker runs the tasks) or with the ``sync`` runner, a
+compaction in the appending process after the commit; never inside the append's transaction
+(docs/architecture.md, "Background compaction").
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def compaction_due(conversation: Conversation) -> bool:
 
 
 def over_ceiling(conversation: Conversation) -> bool:
-    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS."""
+    """Whether the context, from the row's counters, exceeds its ceiling."""
     ceiling = conversation_policy(conversation).max_context_tokens
     return ceiling is not None and conversation.context_tokens > ceiling
 
