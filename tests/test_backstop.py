@@ -1,18 +1,25 @@
 """The backstop when no worker runs the compaction tasks: a ceiling in force even with
 MAX_CONTEXT_TOKENS unset (the model's context window less its largest reply), which the
-appending process enforces at once."""
+appending process enforces at once; the admin pointing out compactions queued for more than
+a minute; and a system check naming the worker a task backend needs."""
 
 from __future__ import annotations
 
 import importlib
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.checks import run_checks
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
 
 from ctxsum import services
-from ctxsum.models import CompactionAttempt
+from ctxsum.models import CompactionAttempt, Conversation
 from ctxsum.policy import FALLBACK_WINDOW, default_ceiling
 from ctxsum.selectors import conversation_effective_policy, conversation_policy
+from ctxsum.services.autocompact import compaction_due
 from tests.factories import OFFLINE_SUMMARIZER, user_message
 from tests.settings import TASKS_MODULE
 
@@ -101,3 +108,77 @@ def test_the_ceiling_holds_with_no_worker(user, no_worker):
     assert compacted >= 2
     reasons = CompactionAttempt.objects.filter(conversation=conversation)
     assert set(reasons.values_list("reason", flat=True)) == {"compacted"}
+
+
+# --- the admin: compactions queued for more than a minute ---------------------------------
+
+
+def waiting(user: Any, minutes: float = 5, **fields: Any) -> Conversation:
+    """A conversation over its trigger (2,000 tokens) whose last change, which queued a
+    compaction task, was ``minutes`` ago."""
+    conversation = services.conversation_create(
+        owner=user, messages=[sizeable(f"w{index}", 100) for index in range(12)], **fields
+    )
+    then = timezone.now() - timedelta(minutes=minutes)
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=then)
+    conversation.refresh_from_db()
+    return conversation
+
+
+def test_a_compaction_is_queued_while_due_and_neither_running_nor_tried(user, no_worker):
+    conversation = waiting(user, trigger={"tokens": 2000})
+    assert compaction_due(conversation)
+    assert services.compaction_queued_at(conversation, None) == conversation.updated_at
+    below = waiting(user, trigger={"tokens": 90_000})
+    assert services.compaction_queued_at(below, None) is None  # nothing is due
+    rows = Conversation.objects.filter(pk=conversation.pk)
+    rows.update(lease_owner="worker", leased_at=timezone.now())  # a live lease: running
+    conversation.refresh_from_db()
+    assert services.compaction_queued_at(conversation, None) is None
+    rows.update(leased_at=timezone.now() - timedelta(hours=1))  # abandoned
+    conversation.refresh_from_db()
+    assert services.compaction_queued_at(conversation, None) == conversation.updated_at
+    # A task ran since the last change (and failed, say): nothing is queued any more.
+    assert services.compaction_queued_at(conversation, timezone.now()) is None
+    settings_off = {"SUMMARIZER": OFFLINE_SUMMARIZER, "AUTO_COMPACT": False}
+    with override_settings(CTXSUM=settings_off):  # nothing is ever queued
+        assert services.compaction_queued_at(conversation, None) is None
+
+
+def test_the_admin_shows_compactions_queued_over_a_minute(admin_client, user, no_worker):
+    stuck = waiting(user, 5, title="stuck", trigger={"tokens": 2000})
+    waiting(user, 0.5, title="fresh", trigger={"tokens": 2000})  # 30 seconds: not yet
+    tried = waiting(user, 5, title="tried", trigger={"tokens": 2000})
+    CompactionAttempt.objects.create(conversation=tried, outcome="failed")
+    html = admin_client.get(reverse("admin:ctxsum_conversation_changelist")).content.decode()
+    assert all(f">{title}</a>" in html for title in ("stuck", "fresh", "tried"))
+    assert html.count("is a task worker running?") == 1 and ">5\xa0minutes<" in html
+
+    def review(conversation: Conversation) -> str:
+        url = reverse("admin:ctxsum_conversation_review", args=[conversation.pk])
+        return admin_client.get(url).content.decode()
+
+    assert "was queued 5\xa0minutes ago and has not run" in review(stuck)
+    assert "has not run" not in review(Conversation.objects.get(title="fresh"))
+    assert "has not run" not in review(tried)
+    assert f"the model's default: {CEILING}" in review(tried)
+
+
+# --- the check: a backend that needs a worker ---------------------------------------------
+
+
+def worker_warnings(settings: Any, backend: str, **ctxsum: Any) -> list[Any]:
+    settings.CTXSUM = {"SUMMARIZER": OFFLINE_SUMMARIZER, **ctxsum}
+    settings.TASKS = BACKENDS[backend]
+    return [message for message in run_checks() if message.id == "ctxsum.W008"]
+
+
+def test_a_backend_that_needs_a_worker_is_a_warning(settings):
+    [warning] = worker_warnings(settings, "database")
+    assert "DatabaseBackend runs compactions only in a worker" in warning.msg
+    assert "Start `manage.py db_worker`" in warning.hint
+    # Not when the backend runs the tasks itself, or is the tests' own, or nothing is queued.
+    assert worker_warnings(settings, "immediate") == []
+    assert worker_warnings(settings, "dummy") == []
+    assert worker_warnings(settings, "database", AUTO_COMPACT=False) == []
+    assert worker_warnings(settings, "database", COMPACTION_RUNNER="sync") == []

@@ -90,6 +90,18 @@ def over_ceiling(conversation: Conversation) -> bool:
     return ceiling is not None and conversation.context_tokens > ceiling
 
 
+def compaction_queued_at(
+    conversation: Conversation, last_attempt: datetime | None
+) -> datetime | None:
+    """When the newest compaction task of ``conversation`` was queued (its last change), if
+    none has run since: work is due, no live lease, no attempt since (the newest was at
+    ``last_attempt``); else None."""
+    since, expires = conversation.updated_at, lease_expires(conversation)
+    ran = (last_attempt and last_attempt >= since) or (expires and expires > timezone.now())
+    queued = ctxsum_settings.AUTO_COMPACT and compaction_due(conversation) and not ran
+    return since if queued else None
+
+
 def autocompact_schedule(locked: Conversation) -> Schedule:
     """What follows the append, from the row as it left it; ``QUEUED`` enqueues on commit."""
     if not ctxsum_settings.AUTO_COMPACT:
