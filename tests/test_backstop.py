@@ -131,6 +131,8 @@ def test_a_compaction_is_queued_while_due_and_neither_running_nor_tried(user, no
     assert services.compaction_queued_at(conversation, None) == conversation.updated_at
     below = waiting(user, trigger={"tokens": 90_000})
     assert services.compaction_queued_at(below, None) is None  # nothing is due
+    fresh = waiting(user, 0.5, trigger={"tokens": 2000})
+    assert services.compaction_queued_at(fresh, None) is None  # queued 30 seconds ago
     rows = Conversation.objects.filter(pk=conversation.pk)
     rows.update(lease_owner="worker", leased_at=timezone.now())  # a live lease: running
     conversation.refresh_from_db()

@@ -156,7 +156,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
     @admin.display(description=_("queued"))
     def queued(self, obj: Conversation) -> str:
         """How long a compaction task has waited without running, once over a minute."""
-        queued_at = queries.queued_long(obj)
+        queued_at = services.compaction_queued_at(obj, getattr(obj, "last_attempt_at", None))
         if queued_at is None:
             return str(self.get_empty_value_display())
         hint = gettext("Not run yet: is a task worker running?")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import (
@@ -22,10 +21,8 @@ from django.db.models import (
 )
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest
-from django.utils import timezone
 
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
-from ctxsum.services import compaction_queued_at
 
 PAGE_SIZE = 50
 # How many of the active context's newest messages the review page shows in full.
@@ -34,8 +31,6 @@ CONTEXT_PREVIEW = 50
 SOURCE_CHOICES = 20
 # How many of the latest summaries and attempts the review page lists.
 RECENT = 10
-# How long a compaction may wait in the queue before the list and the review page say so.
-QUEUED_LONG = timedelta(minutes=1)
 
 
 def metadata_source() -> Cast:
@@ -72,13 +67,6 @@ def conversation_rows(queryset: QuerySet[Conversation]) -> QuerySet[Conversation
         last_outcome=Subquery(attempts.values("outcome")[:1]),
         last_attempt_at=Subquery(attempts.values("created_at")[:1]),
     )
-
-
-def queued_long(row: Conversation) -> datetime | None:
-    """When the compaction of a row of ``conversation_rows`` that has not run was queued,
-    if over ``QUEUED_LONG`` ago."""
-    queued_at = compaction_queued_at(row, getattr(row, "last_attempt_at", None))
-    return queued_at if queued_at and queued_at < timezone.now() - QUEUED_LONG else None
 
 
 def source_choices() -> list[str]:

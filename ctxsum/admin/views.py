@@ -89,13 +89,14 @@ def conversation_review(
     preview = queries.context_preview(conversation)
     page = queries.transcript_page(conversation, request.GET.get("page"))
     policy = conversation_effective_policy(conversation)
+    last_attempt = getattr(conversation, "last_attempt_at", None)  # annotated like a list row
     context = _page(
         model_admin,
         request,
         gettext("Review conversation"),
         subtitle=str(conversation),
         conversation=conversation,
-        queued_at=queries.queued_long(conversation),
+        queued_at=services.compaction_queued_at(conversation, last_attempt),
         ceiling=conversation_policy(conversation).max_context_tokens,
         policy={name: json.dumps(value) for name, value in policy.items()},
         default_model=ctxsum_settings.DEFAULT_MODEL,

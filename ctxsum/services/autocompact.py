@@ -49,6 +49,8 @@ MAX_ROUNDS = 3
 # ``defer(conversation_id, database, run_after, since)`` enqueues the compaction task for
 # ``run_after``; ``since``: the run is the check of a compaction started then.
 Defer = Callable[[str, str, datetime, "str | None"], Any]
+# How long a compaction task may wait unrun before the admin points it out (no worker?).
+QUEUED_LONG = timedelta(minutes=1)
 # Attempts that do not end the compaction a check follows: a turn-away by a live lease (the
 # holder may be the one lost) and an interruption (its worker stopped).
 UNFINISHED = (Reason.IN_PROGRESS, Reason.INTERRUPTED)
@@ -94,13 +96,12 @@ def compaction_queued_at(
     conversation: Conversation, last_attempt: datetime | None
 ) -> datetime | None:
     """When the newest compaction task of ``conversation`` was queued (its last change), if
-    none has run since: work is due, no live lease, no attempt since (the newest was at
-    ``last_attempt``); else None."""
+    over ``QUEUED_LONG`` ago and none has run since: work is due, no live lease, no attempt
+    since (the newest was at ``last_attempt``); else None."""
     since, expires = conversation.updated_at, lease_expires(conversation)
     ran = (last_attempt and last_attempt >= since) or (expires and expires > timezone.now())
-    queued = ctxsum_settings.AUTO_COMPACT and compaction_due(conversation) and not ran
-    return since if queued else None
-
+    waited = since < timezone.now() - QUEUED_LONG and compaction_due(conversation)
+    return since if ctxsum_settings.AUTO_COMPACT and waited and not ran else None
 
 def autocompact_schedule(locked: Conversation) -> Schedule:
     """What follows the append, from the row as it left it; ``QUEUED`` enqueues on commit."""
