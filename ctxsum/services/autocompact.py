@@ -103,6 +103,7 @@ def compaction_queued_at(
     waited = since < timezone.now() - QUEUED_LONG and compaction_due(conversation)
     return since if ctxsum_settings.AUTO_COMPACT and waited and not ran else None
 
+
 def autocompact_schedule(locked: Conversation) -> Schedule:
     """What follows the append, from the row as it left it; ``QUEUED`` enqueues on commit."""
     if not ctxsum_settings.AUTO_COMPACT:
