@@ -20,12 +20,9 @@ _cached: tuple[tuple[Any, ...], Summarizer] | None = None
 
 
 def get_summarizer() -> Summarizer:
-    """The backend configured in ``CTXSUM``, built once per configuration.
-
-    The instance is reused while the settings it was built from stay the same (so the
-    OpenAI client and its connection pool live for the process) and rebuilt when they
-    change, e.g. under ``override_settings(CTXSUM=...)``.
-    """
+    """The backend configured in ``CTXSUM``, reused while the settings it was built from
+    stay the same (so the OpenAI client and its connection pool live for the process) and
+    rebuilt when they change, e.g. under ``override_settings(CTXSUM=...)``."""
     global _cached
     options = ctxsum_settings.SUMMARIZER_OPTIONS or {}
     key = (

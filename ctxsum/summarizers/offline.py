@@ -149,10 +149,8 @@ class OfflineSummarizer(Summarizer):
 
 
 def _parse(history: str) -> tuple[str, list[_Block]]:
-    """Split formatted history into the summary so far and the message blocks, in order.
-
-    Lenient: text outside any tag becomes a "text" block, so plain text still works.
-    """
+    """The summary so far and the message blocks, in order; text outside any tag is a
+    "text" block, so plain text still works."""
     previous = ""
     match = _SUMMARY_SO_FAR.search(history)
     if match:

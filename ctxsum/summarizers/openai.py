@@ -124,9 +124,8 @@ class OpenAISummarizer(Summarizer):
 
     Options: ``base_url`` and ``api_key`` (default: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``),
     ``temperature``, ``extra_body`` (extra JSON fields, e.g. for vLLM), ``max_tokens_param``
-    (``"max_completion_tokens"``, the default, or ``"max_tokens"`` for servers that only
-    take that), ``facts_format`` (how the same call returns the key facts: ``"tagged"``, the
-    default, ``"json_schema"`` or ``"off"``; see ``FACTS_FORMATS``).
+    (one of ``MAX_TOKENS_PARAMS``), ``facts_format`` (one of ``FACTS_FORMATS``, default
+    ``"tagged"``).
     """
 
     _client: openai.OpenAI | None = None
