@@ -114,6 +114,10 @@ E_BAD_OPTION = "ctxsum.E012"
 W_NO_CREDENTIALS = "ctxsum.W010"
 BAD_OPTION = "SUMMARIZER_OPTIONS[{name!r}] must be {expected}."
 NO_CREDENTIALS = "The OpenAI summarizer has no API key and no base URL."
+NO_CREDENTIALS_HINT = (
+    "Set OPENAI_API_KEY, or SUMMARIZER_OPTIONS['api_key'], or point "
+    "SUMMARIZER_OPTIONS['base_url'] (or OPENAI_BASE_URL) at a local server."
+)
 
 _DETAIL_CHARS = 200
 
@@ -236,17 +240,10 @@ class OpenAISummarizer(Summarizer):
         has_key = self.options.get("api_key") or os.environ.get("OPENAI_API_KEY")
         has_base_url = self.options.get("base_url") or os.environ.get("OPENAI_BASE_URL")
         if not has_key and not has_base_url:
-            errors.append(
-                checks.Warning(
-                    NO_CREDENTIALS,
-                    hint=(
-                        "Set OPENAI_API_KEY, or SUMMARIZER_OPTIONS['api_key'], or point "
-                        "SUMMARIZER_OPTIONS['base_url'] (or OPENAI_BASE_URL) at a local server."
-                    ),
-                    obj=obj,
-                    id=W_NO_CREDENTIALS,
-                )
+            warning = checks.Warning(
+                NO_CREDENTIALS, hint=NO_CREDENTIALS_HINT, obj=obj, id=W_NO_CREDENTIALS
             )
+            errors.append(warning)
         return errors
 
 
