@@ -163,10 +163,8 @@ class OpenAISummarizer(Summarizer):
     def _plain(self) -> bool:
         """A subclass that overrides ``summarize()`` and not ``answer()`` returns plain
         summaries: its facts are skipped, and its prompt does not ask for any."""
-        cls = type(self)
-        return cls.summarize is not OpenAISummarizer.summarize and (
-            cls.answer is OpenAISummarizer.answer
-        )
+        overridden = type(self).summarize is not OpenAISummarizer.summarize
+        return overridden and type(self).answer is OpenAISummarizer.answer
 
     def facts_instruction(self) -> str:
         return FACTS_INSTRUCTIONS.get(self.facts_format, "")
