@@ -33,10 +33,7 @@ _CURRENCY = r"[$€£¥₹]|\b(?:USD|EUR|GBP|JPY|INR|MXN|PEN|CAD|AUD|CHF)\b"
 
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")),
-    (
-        "amount",
-        re.compile(rf"(?:{_CURRENCY})\s?(?:{_NUMBER})|(?:{_NUMBER})\s?(?:{_CURRENCY})"),
-    ),
+    ("amount", re.compile(rf"(?:{_CURRENCY})\s?(?:{_NUMBER})|(?:{_NUMBER})\s?(?:{_CURRENCY})")),
     (
         "date",
         re.compile(
