@@ -11,8 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("email", "amount", "date", "identifier", "number", "name")
-
 _MONTHS = (
     "january|february|march|april|may|june|july|august|september|october|november|december|"
     "jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec|"
@@ -35,10 +33,7 @@ _CURRENCY = r"[$€£¥₹]|\b(?:USD|EUR|GBP|JPY|INR|MXN|PEN|CAD|AUD|CHF)\b"
 
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")),
-    (
-        "amount",
-        re.compile(rf"(?:{_CURRENCY})\s?(?:{_NUMBER})|(?:{_NUMBER})\s?(?:{_CURRENCY})"),
-    ),
+    ("amount", re.compile(rf"(?:{_CURRENCY})\s?(?:{_NUMBER})|(?:{_NUMBER})\s?(?:{_CURRENCY})")),
     (
         "date",
         re.compile(

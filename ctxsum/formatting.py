@@ -71,10 +71,8 @@ def _attributes(**values: object) -> str:
 def _tool_call(call: Mapping[str, Any]) -> str:
     function = call.get("function") or {}
     arguments = function.get("arguments")
-    if arguments is None:
-        arguments = ""
-    elif not isinstance(arguments, str):
-        arguments = json.dumps(arguments, default=str)
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments, default=str)
     attributes = _attributes(id=call.get("id"), name=function.get("name"))
     return f"<tool-call{attributes}>{escape_text(arguments)}</tool-call>"
 

@@ -90,9 +90,8 @@ def keep_raw_body(request: Request) -> None:
     if META_NAME not in request.META:
         return
     chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
-    if not chunked and int(request.META.get("CONTENT_LENGTH") or 0) <= (
-        ctxsum_settings.MAX_BODY_BYTES
-    ):
+    size = int(request.META.get("CONTENT_LENGTH") or 0)
+    if not chunked and size <= ctxsum_settings.MAX_BODY_BYTES:
         request._request.body  # noqa: B018  (Django keeps it, and parses from the copy)
 
 

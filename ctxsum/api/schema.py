@@ -61,9 +61,9 @@ def _or_null(schema: Schema) -> Schema:
     """``schema``, or null (spelled as JSON Schema does: see ``_spelled``)."""
     if "type" in schema:
         return nullable(schema)
-    if "oneOf" in schema or "anyOf" in schema:
-        key = "oneOf" if "oneOf" in schema else "anyOf"
-        return {**schema, key: [*schema[key], NULL]}
+    for key in ("oneOf", "anyOf"):
+        if key in schema:
+            return {**schema, key: [*schema[key], NULL]}
     return {"oneOf": [schema, NULL]}
 
 

@@ -303,11 +303,7 @@ class LeftOutWhenNone(serializers.Serializer[Any]):
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         data = super().to_representation(instance)
-        return {
-            key: value
-            for key, value in data.items()
-            if key not in self.left_out or value is not None
-        }
+        return {k: v for k, v in data.items() if k not in self.left_out or v is not None}
 
 
 class AppendOutputSerializer(LeftOutWhenNone):

@@ -84,11 +84,7 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
 class ApiRoot(CtxsumView):
     serializer_class = ApiRootOutputSerializer
 
-    @schema.operation(
-        "api_root",
-        "Links to the API's collections",
-        ApiRootOutputSerializer,
-    )
+    @schema.operation("api_root", "Links to the API's collections", ApiRootOutputSerializer)
     def get(self, request: Request) -> Response:
         url = reverse("ctxsum:conversation-list", request=request)
         return Response(ApiRootOutputSerializer({"conversations": url}).data)

@@ -20,27 +20,19 @@ _cached: tuple[tuple[Any, ...], Summarizer] | None = None
 
 
 def get_summarizer() -> Summarizer:
-    """The backend configured in ``CTXSUM``, built once per configuration.
-
-    The instance is reused while the settings it was built from stay the same (so the
-    OpenAI client and its connection pool live for the process) and rebuilt when they
-    change, e.g. under ``override_settings(CTXSUM=...)``.
-    """
+    """The backend configured in ``CTXSUM``, reused while the settings it was built from
+    stay the same (so the OpenAI client and its connection pool live for the process) and
+    rebuilt when they change, e.g. under ``override_settings(CTXSUM=...)``."""
     global _cached
-    options = ctxsum_settings.SUMMARIZER_OPTIONS or {}
-    key = (
-        ctxsum_settings.SUMMARIZER,
-        ctxsum_settings.SUMMARY_MODEL,
-        ctxsum_settings.SUMMARY_TIMEOUT,
-        ctxsum_settings.SUMMARY_MAX_TOKENS,
-        options,
-    )
+    backend = ctxsum_settings.SUMMARIZER
+    given: dict[str, Any] = {
+        "model": ctxsum_settings.SUMMARY_MODEL,
+        "timeout": ctxsum_settings.SUMMARY_TIMEOUT,
+        "max_tokens": ctxsum_settings.SUMMARY_MAX_TOKENS,
+        "options": ctxsum_settings.SUMMARIZER_OPTIONS or {},
+    }
     with _lock:
-        if _cached is None or _cached[0] != key:
-            backend, model, timeout, max_tokens, _ = key
-            summarizer = backend(
-                model=model, timeout=timeout, max_tokens=max_tokens, options=options
-            )
+        if _cached is None or _cached[0] != (backend, given):
             # A deep copy, so a caller mutating the settings dict later cannot fake a match.
-            _cached = ((*key[:4], copy.deepcopy(options)), summarizer)
+            _cached = ((backend, copy.deepcopy(given)), backend(**given))
         return _cached[1]

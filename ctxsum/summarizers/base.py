@@ -67,12 +67,10 @@ class Summarizer(ABC):
         answer may exceed it, never ``max_tokens``."""
 
     def answer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
-        """The summary and the key facts of one call, as ``summarize`` but with the facts
-        ``facts_instruction()`` asked for: what a compaction calls. This default is for
-        backends that extract none: ``summarize()``'s text, its facts skipped with the reason,
-        never invented. (A ``summarize()`` that already returns a ``SummaryAnswer`` is taken as
-        it is.) Without an installed app that takes facts (``summary_facts_wanted``: the
-        ``ctxsum.facts`` app), the summary alone."""
+        """The summary and the key facts ``facts_instruction()`` asked for, of one call: what
+        a compaction calls. This default, for backends that extract none, skips the facts with
+        the reason (a ``SummaryAnswer`` from ``summarize()`` is taken as it is); without an app
+        that takes facts (``summary_facts_wanted``), the summary alone."""
         result: Any = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
         if not summary_facts_wanted():
             text = result.summary if isinstance(result, SummaryAnswer) else result

@@ -90,12 +90,9 @@ class OfflineSummarizer(Summarizer):
     first. If no sentence qualifies, the first sentence of each user message is kept, so a
     non-blank history never yields a blank summary. The prompt is ignored, and so are options.
 
-    Key facts (``answer``): the e-mail addresses, amounts, dates, identifiers and names the
-    coverage check finds in the messages whose seq the history names (not in the summary so
-    far), keyed ``kind:value`` as the check compares them, so that every compaction finds the
-    same key for the same fact (``identifier:ai-101``, ``amount:1200``,
-    ``email:ana@example.com``), with the text as first written and the seqs of every message
-    holding it.
+    Key facts (``answer``): the ``FACT_KINDS`` the coverage check finds in the messages whose
+    seq the history names, keyed ``kind:value`` as the check compares them, so that every
+    compaction finds the same key for the same fact (``identifier:ai-101``, ``amount:1200``).
     """
 
     requires_network: ClassVar[bool] = False
@@ -149,10 +146,8 @@ class OfflineSummarizer(Summarizer):
 
 
 def _parse(history: str) -> tuple[str, list[_Block]]:
-    """Split formatted history into the summary so far and the message blocks, in order.
-
-    Lenient: text outside any tag becomes a "text" block, so plain text still works.
-    """
+    """The summary so far and the message blocks, in order; text outside any tag is a
+    "text" block, so plain text still works."""
     previous = ""
     match = _SUMMARY_SO_FAR.search(history)
     if match:

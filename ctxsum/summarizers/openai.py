@@ -114,6 +114,10 @@ E_BAD_OPTION = "ctxsum.E012"
 W_NO_CREDENTIALS = "ctxsum.W010"
 BAD_OPTION = "SUMMARIZER_OPTIONS[{name!r}] must be {expected}."
 NO_CREDENTIALS = "The OpenAI summarizer has no API key and no base URL."
+NO_CREDENTIALS_HINT = (
+    "Set OPENAI_API_KEY, or SUMMARIZER_OPTIONS['api_key'], or point "
+    "SUMMARIZER_OPTIONS['base_url'] (or OPENAI_BASE_URL) at a local server."
+)
 
 _DETAIL_CHARS = 200
 
@@ -124,9 +128,8 @@ class OpenAISummarizer(Summarizer):
 
     Options: ``base_url`` and ``api_key`` (default: ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``),
     ``temperature``, ``extra_body`` (extra JSON fields, e.g. for vLLM), ``max_tokens_param``
-    (``"max_completion_tokens"``, the default, or ``"max_tokens"`` for servers that only
-    take that), ``facts_format`` (how the same call returns the key facts: ``"tagged"``, the
-    default, ``"json_schema"`` or ``"off"``; see ``FACTS_FORMATS``).
+    (one of ``MAX_TOKENS_PARAMS``), ``facts_format`` (one of ``FACTS_FORMATS``, default
+    ``"tagged"``).
     """
 
     _client: openai.OpenAI | None = None
@@ -160,10 +163,8 @@ class OpenAISummarizer(Summarizer):
     def _plain(self) -> bool:
         """A subclass that overrides ``summarize()`` and not ``answer()`` returns plain
         summaries: its facts are skipped, and its prompt does not ask for any."""
-        cls = type(self)
-        return cls.summarize is not OpenAISummarizer.summarize and (
-            cls.answer is OpenAISummarizer.answer
-        )
+        overridden = type(self).summarize is not OpenAISummarizer.summarize
+        return overridden and type(self).answer is OpenAISummarizer.answer
 
     def facts_instruction(self) -> str:
         return FACTS_INSTRUCTIONS.get(self.facts_format, "")
@@ -237,17 +238,10 @@ class OpenAISummarizer(Summarizer):
         has_key = self.options.get("api_key") or os.environ.get("OPENAI_API_KEY")
         has_base_url = self.options.get("base_url") or os.environ.get("OPENAI_BASE_URL")
         if not has_key and not has_base_url:
-            errors.append(
-                checks.Warning(
-                    NO_CREDENTIALS,
-                    hint=(
-                        "Set OPENAI_API_KEY, or SUMMARIZER_OPTIONS['api_key'], or point "
-                        "SUMMARIZER_OPTIONS['base_url'] (or OPENAI_BASE_URL) at a local server."
-                    ),
-                    obj=obj,
-                    id=W_NO_CREDENTIALS,
-                )
+            warning = checks.Warning(
+                NO_CREDENTIALS, hint=NO_CREDENTIALS_HINT, obj=obj, id=W_NO_CREDENTIALS
             )
+            errors.append(warning)
         return errors
 
 

@@ -11,12 +11,7 @@ from typing import Any, ClassVar
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ctxsum.services import (
-    REASONS_SHOWN,
-    Tally,
-    file_import,
-    imported_source_ids,
-)
+from ctxsum.services import REASONS_SHOWN, Tally, file_import, imported_source_ids
 
 PROGRESS_SECONDS = 0.1
 
