@@ -25,12 +25,11 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from bench.command import add_command_options, backend_django, per_database_main
 from bench.common import write_json
-from tests.support.shared import DATA_DIR
+from bench.scaling_state import add_table_options
 
 SIZES = (20, 1_000, 10_000, 100_000)
 DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_history_reads"
@@ -51,19 +50,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="N")
     parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
     parser.add_argument("--calls", type=int, default=10, help="timed calls of each read a round")
-    parser.add_argument(
-        "--batch", type=int, default=1_000, help="compact a target after every N messages"
-    )
-    parser.add_argument(
-        "--other-large",
-        type=int,
-        default=100_000,
-        help="messages of the other, never compacted, agent conversation (0: none)",
-    )
-    parser.add_argument(
-        "--dialogues", type=int, default=None, help="other conversations: the first N dialogues"
-    )
-    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    add_table_options(parser)
     add_command_options(parser, default_database=DEFAULT_DATABASE, plots=False)
     return parser.parse_args(argv)
 

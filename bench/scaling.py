@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.command import add_command_options, backend_django, per_database_main
 from bench.common import IMAGES_DIR, write_json
-from tests.support.shared import DATA_DIR
+from bench.scaling_state import add_table_options
 
 SIZES = (10, 1_000, 10_000, 100_000)
 DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_scaling"
@@ -51,19 +51,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=1,
         help="their timed context reads per round (default 1; appends: --calls)",
     )
-    parser.add_argument(
-        "--batch", type=int, default=1_000, help="compact a target after every N messages"
-    )
-    parser.add_argument(
-        "--other-large",
-        type=int,
-        default=100_000,
-        help="messages of the other, never compacted, agent conversation (0: none)",
-    )
-    parser.add_argument(
-        "--dialogues", type=int, default=None, help="other conversations: the first N dialogues"
-    )
-    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    add_table_options(parser)
     add_command_options(parser, default_database=DEFAULT_DATABASE)
     return parser.parse_args(argv)
 

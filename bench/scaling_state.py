@@ -13,6 +13,7 @@ length. Django must be set up.
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any
 from bench.common import KEEP_MESSAGES, POLICY
 from bench.prepare_state import COUNTERS, Built, batches, history_stream
 from tests.support.replay_data import iter_records
+from tests.support.shared import DATA_DIR
 
 AGENT_FILE = "agent_trajectories.jsonl.gz"
 DIALOGUE_FILE = "long_chats.jsonl.gz"
@@ -42,6 +44,23 @@ class Pool:
 
     def count(self, messages: Iterable[dict[str, Any]]) -> list[int]:
         return [self.tokens_of[id(message)] for message in messages]
+
+
+def add_table_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the mixed table a command builds (``target_build``, ``others_build``)."""
+    parser.add_argument(
+        "--batch", type=int, default=1_000, help="compact a target after every N messages"
+    )
+    parser.add_argument(
+        "--other-large",
+        type=int,
+        default=100_000,
+        help="messages of the other, never compacted, agent conversation (0: none)",
+    )
+    parser.add_argument(
+        "--dialogues", type=int, default=None, help="other conversations: the first N dialogues"
+    )
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
 
 
 def load_pool(data_dir: Path, *, dialogues: int | None = None) -> Pool:
