@@ -14,6 +14,7 @@ length. Django must be set up.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +71,15 @@ def load_pool(data_dir: Path, *, dialogues: int | None = None) -> Pool:
         (record for _, record in iter_records(data_dir, (AGENT_FILE,))),
         (record for _, record in iter_records(data_dir, (DIALOGUE_FILE,), limit=dialogues)),
     )
+
+
+def sample_pool(path: Path) -> Pool:
+    """The pool of one JSONL file of conversations (the tests' shipped sample): a record
+    that starts with a system message is an agent run, any other a dialogue."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    agent_runs = [record for record in records if record["messages"][0]["role"] == "system"]
+    dialogues = [record for record in records if record["messages"][0]["role"] != "system"]
+    return pool_of(agent_runs, dialogues)
 
 
 def pool_of(agent_runs: Iterable[dict[str, Any]], dialogues: Iterable[dict[str, Any]]) -> Pool:

@@ -3,15 +3,13 @@ and takes the same queries whatever the history's length."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.test import Client
 
 from bench.common import FIXED_SUMMARIZER
 from bench.history_reads import READS, measure, read_urls
 from bench.scaling_measure import Target
-from bench.scaling_state import pool_of, target_build
+from bench.scaling_state import sample_pool, target_build
 from tests.support.shared import FIXTURE_CONVERSATIONS
 
 pytestmark = pytest.mark.django_db
@@ -20,10 +18,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def pool(settings):
     settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": FIXED_SUMMARIZER, "ENCODING": "o200k_base"}
-    records = [json.loads(line) for line in FIXTURE_CONVERSATIONS.read_text().splitlines()]
-    agent_runs = [record for record in records if record["messages"][0]["role"] == "system"]
-    dialogues = [record for record in records if record["messages"][0]["role"] != "system"]
-    return pool_of(agent_runs, dialogues)
+    return sample_pool(FIXTURE_CONVERSATIONS)
 
 
 def test_every_read_takes_the_same_queries_whatever_the_history(pool, user) -> None:

@@ -5,14 +5,12 @@ measurement leaves every conversation as it found it."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from django.test import Client
 
 from bench.common import FIXED_SUMMARIZER
 from bench.scaling_measure import OPERATIONS, Target, measure, ratio
-from bench.scaling_state import others_build, pool_of, target_build
+from bench.scaling_state import others_build, sample_pool, target_build
 from tests.query_budgets import CONTEXT as CONTEXT_QUERIES
 from tests.support.shared import FIXTURE_CONVERSATIONS
 
@@ -23,10 +21,7 @@ SIZES = (10, 120)
 @pytest.fixture
 def pool(settings):
     settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": FIXED_SUMMARIZER, "ENCODING": "o200k_base"}
-    records = [json.loads(line) for line in FIXTURE_CONVERSATIONS.read_text().splitlines()]
-    agent_runs = [record for record in records if record["messages"][0]["role"] == "system"]
-    dialogues = [record for record in records if record["messages"][0]["role"] != "system"]
-    return pool_of(agent_runs, dialogues)
+    return sample_pool(FIXTURE_CONVERSATIONS)
 
 
 def test_scaling_on_a_small_mixed_table(pool, django_user_model) -> None:
