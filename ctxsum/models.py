@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import models
@@ -13,6 +13,8 @@ from django.db.models import Q
 
 from ctxsum import tokens
 from ctxsum.policy import Reason
+
+_Row = TypeVar("_Row")
 
 
 class Role(models.TextChoices):
@@ -203,6 +205,13 @@ class ToolCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.call_id} {self.name}"
+
+
+def single(rows: models.QuerySet[Any, _Row]) -> _Row | None:
+    """The row (or value) of a query that matches one at most, such as a conversation's
+    active summary; None when none does. Unordered: ``first()`` sorts by version, and
+    PostgreSQL may then read every version rather than the one-active index."""
+    return next(iter(rows.order_by()[:1]), None)
 
 
 class SummaryQuerySet(models.QuerySet["Summary"]):

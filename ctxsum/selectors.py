@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from ctxsum.conf import ctxsum_settings
 from ctxsum.hooks import Block, context_blocks, contributed_stats
 from ctxsum.layout import LEADING, SUMMARY, ContextLayout, Part, layout_of
-from ctxsum.models import Conversation, Message, Summary, SummaryQuerySet
+from ctxsum.models import Conversation, Message, Summary, SummaryQuerySet, single
 from ctxsum.policy import Policy, parse_policy
 
 # The reads the README documents ("The Python API"), the context's type, and the reads the
@@ -165,11 +165,10 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
     key facts block] + active messages in seq order, in OpenAI format, and its layout. Two
     queries however long the conversation is (the summary, the messages) and each block's
     (the facts: one)."""
-    summary = (
+    summary = single(
         Summary.objects.filter(conversation=conversation, active=True)
         .select_related("previous")
         .defer(*_DEFERRED)
-        .first()
     )
     rows = _active_rows(conversation, summary)
     leading = next((row for row in rows if row.is_leading), None)
@@ -217,7 +216,7 @@ def active_summary_version(*, conversation: Conversation) -> int | None:
     """The version of the conversation's active summary (None: it has none), the one a
     revert undoes."""
     active = Summary.objects.filter(conversation=conversation, active=True)
-    version: int | None = active.values_list("version", flat=True).first()
+    version: int | None = single(active.values_list("version", flat=True))
     return version
 
 
@@ -253,7 +252,7 @@ def conversation_stats(
     for the active summary's tokens, none when given the ``context`` it was read with."""
     if context is None:
         active = Summary.objects.filter(conversation=conversation, active=True)
-        summary_tokens = active.values_list("token_count", flat=True).first() or 0
+        summary_tokens = single(active.values_list("token_count", flat=True)) or 0
     else:
         summary_tokens = context.summary.token_count if context.summary else 0
     return {

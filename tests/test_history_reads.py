@@ -208,6 +208,29 @@ def test_no_read_scans_the_archived_history_on_postgresql(api, histories) -> Non
             assert read_many <= read_few + MORE_ROWS, (name, many, read_few, read_many)
 
 
+def _index_names(plan: dict[str, Any]) -> set[str]:
+    names = {plan["Index Name"]} if "Index Name" in plan else set()
+    return names.union(*(_index_names(child) for child in plan.get("Plans", ())))
+
+
+def test_the_active_summary_is_read_without_sorting_the_versions(api, histories) -> None:
+    """At most one summary is active (a partial unique index): its read has no ORDER BY,
+    which would let PostgreSQL walk every version in order instead of that index."""
+    _small, large = histories
+    reads = [
+        sql
+        for url in _reads(large).values()
+        for sql in _queries(api, url)
+        if 'FROM "ctxsum_summary"' in sql
+        and '"ctxsum_summary"."active"' in sql.partition(" WHERE ")[2]
+    ]
+    assert reads
+    for sql in reads:
+        assert " ORDER BY " not in sql, sql
+        if connection.vendor == "postgresql":
+            assert "ctxsum_summary_one_active" in _index_names(_explained(sql)), sql
+
+
 def test_a_summary_page_is_the_versions_of_an_offset_page(api, histories) -> None:
     _small, large = histories
     newest_first = list(

@@ -20,7 +20,7 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Greatest
 
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, single
 
 PAGE_SIZE = 50
 # How many of the active context's newest messages the review page shows in full.
@@ -145,7 +145,7 @@ def context_preview(conversation: Conversation) -> ContextPreview:
     """Three queries, whatever the length of the context."""
     active = Message.objects.filter(conversation=conversation).active()
     leading = active.filter(is_leading=True).first()
-    summary = Summary.objects.filter(conversation=conversation, active=True).first()
+    summary = single(Summary.objects.filter(conversation=conversation, active=True))
     recent = list(active.filter(is_leading=False).order_by("-seq")[:CONTEXT_PREVIEW])[::-1]
     hidden = conversation.active_message_count - len(recent) - (leading is not None)
     return ContextPreview(leading=leading, summary=summary, recent=recent, hidden=max(hidden, 0))

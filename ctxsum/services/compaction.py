@@ -21,7 +21,7 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
 from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, single
 from ctxsum.policy import Incoming, Plan, Policy, Reason, Sizing, failure_reason, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
@@ -281,7 +281,7 @@ def active_summary_is(locked: Conversation, expected: Summary | None) -> bool:
     """Whether the active summary is still ``expected`` (None: still none), and no message
     it covers was redacted since it was read (its text withheld meanwhile)."""
     active = Summary.objects.using(locked._state.db).filter(conversation=locked, active=True)
-    found = active.values_list("pk", "covers_redacted").first()
+    found = single(active.values_list("pk", "covers_redacted"))
     return found == ((expected.pk, expected.covers_redacted) if expected else None)
 
 

@@ -14,7 +14,7 @@ from django.db import DatabaseError, transaction
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, single
 from ctxsum.policy import MIN_SUMMARY_BUDGET, Reason, failure_reason, summary_budget
 from ctxsum.selectors import conversation_policy
 from ctxsum.services.compaction import (
@@ -51,7 +51,7 @@ def conversation_rebuild(*, conversation: Conversation) -> Rebuilt:
     recorded and raised, like a compaction's. ``conversation`` is brought up to date."""
     db = write_db(conversation)
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
-    previous = Summary.objects.using(db).filter(conversation=conversation, active=True).first()
+    previous = single(Summary.objects.using(db).filter(conversation=conversation, active=True))
     if previous is None:
         return Rebuilt(rebuilt=False, reason=Reason.NOTHING_TO_SUMMARIZE)
     failed = partial(_failed, conversation, previous, db=db)

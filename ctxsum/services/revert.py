@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils.translation import gettext_lazy as _
 
 from ctxsum.hooks import SummaryReverted, commit_apply, commit_lock, concerned
-from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
+from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, single
 from ctxsum.policy import Reason
 from ctxsum.selectors import SUMMARY_HEAVY
 from ctxsum.services.autocompact import withheld_rebuild
@@ -52,7 +52,7 @@ def conversation_revert(*, conversation: Conversation, version: int) -> Reverted
     # and nothing is left to read once the revert has committed.
     target = summaries.select_related("previous__previous").get(version=version)
     if not target.active:
-        active = summaries.filter(active=True).values_list("version", flat=True).first()
+        active = single(summaries.filter(active=True).values_list("version", flat=True))
         message = NONE_ACTIVE if active is None else NOT_ACTIVE
         raise ValidationError({"version": [message.format(version=version, active=active)]})
     try:
