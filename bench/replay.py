@@ -7,14 +7,15 @@ reports what the compact calls did, how much smaller the active context is than 
 history, how many SQL queries a compaction takes and how long appends and compactions
 take; the JSON goes to ``--output``.
 
-``--check`` runs the context invariants (tests/invariants.py) after every step, treats a
-context larger than the full history as a violation, and stops at the first violation with
-exit status 1, naming the conversation and the step. Every summarizer call, every
-compaction's summary metadata and every ``no_gain`` skip are checked in any case. Exit
-status 0 means every step held. See bench/README.md.
+``--check`` runs the context invariants (tests/invariants.py) after every step (with
+``--check-every N``: after every N-th step, every step that compacted and the last one),
+treats a context larger than the full history as a violation at every step, and stops at
+the first violation with exit status 1, naming the conversation and the step. Every
+summarizer call, every compaction's summary metadata and every ``no_gain`` skip are checked
+in any case. Exit status 0 means every step held. See bench/README.md.
 
-    python -m bench.replay [--check] [--limit N] [--files NAME ...] [--data-dir DIR]
-                           [--jobs N] [--database-url [URL]] [--sqlite-fsync]
+    python -m bench.replay [--check [--check-every N]] [--limit N] [--files NAME ...]
+                           [--data-dir DIR] [--jobs N] [--database-url [URL]] [--sqlite-fsync]
                            [--output PATH] [--no-probe]
 
 This module only parses the command line and writes the results; the replay itself is in
@@ -48,6 +49,14 @@ def _add_data_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check the context invariants after every step, and that no context costs more "
         "than the full history; exit 1 on the first violation",
+    )
+    parser.add_argument(
+        "--check-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --check, run the invariants after every N-th step, after every step that "
+        "compacted and after the last step of each conversation (default 1: every step)",
     )
     parser.add_argument(
         "--data-dir",
@@ -123,6 +132,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error("--database-url without a URL needs $DATABASE_URL")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
+    if args.check_every < 1:
+        parser.error("--check-every must be at least 1")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     return args
@@ -134,6 +145,7 @@ def run_options(args: argparse.Namespace, *, sqlite_dir: Path, command: str) -> 
         files=tuple(args.files),
         limit=args.limit,
         check=args.check,
+        check_every=args.check_every,
         jobs=args.jobs,
         database_url=args.database_url,
         sqlite_dir=sqlite_dir,

@@ -365,6 +365,37 @@ def test_an_invariant_violation_names_conversation_and_step(user, offline):
     assert "broken on purpose" in str(caught.value)
 
 
+def test_check_every_checks_every_nth_step_each_compaction_and_the_last(user, offline):
+    record = long_chats()[0]
+    steps: list[int] = []
+    compacted: list[int] = []
+
+    def checker(conversation: Any, *, original_messages: Sequence[Any]) -> None:
+        steps.append(len(original_messages))
+        if conversation.compaction_count > len(compacted):
+            compacted.append(len(original_messages))
+
+    stats = ReplayStats()
+    replay_conversation(record, owner=user, stats=stats, checker=checker, check_every=7)
+    last = len(record["messages"])
+    assert stats.compactions > 1 and len(compacted) == stats.compactions
+    assert steps == sorted({*range(7, last + 1, 7), *compacted, last})
+    assert stats.checked_steps == len(steps) < last
+    # A state broken at an unchecked step is caught at the next one checked.
+    with pytest.raises(ReplayViolation) as caught:
+        replay_conversation(
+            record,
+            owner=user,
+            checker=lambda conversation, *, original_messages: _fails_from(5, original_messages),
+            check_every=7,
+        )
+    assert caught.value.step == min(step for step in steps if step >= 5)
+
+
+def _fails_from(step: int, original_messages: Sequence[Any]) -> None:
+    assert len(original_messages) < step, "broken since step 5"
+
+
 # --------------------------------------------------------------------------- the script
 
 

@@ -117,6 +117,7 @@ class ConversationReplay:
     source: str = ""
     checker: Checker | None = None
     check_size: bool = False
+    check_every: int = 1
     history_tokens: int = 0
     version: int = 0
     reduction: float = 0.0
@@ -160,7 +161,8 @@ class ConversationReplay:
         else:
             self.record_skip(number, step, reason)
         self.record_size(number, result, row.token_count)
-        if self.checker is not None:
+        due = number % self.check_every == 0 or number == len(self.messages)
+        if self.checker is not None and (due or result.compacted):
             self.check_invariants(number)
         stats.messages += 1
 
@@ -249,6 +251,7 @@ class ConversationReplay:
         except AssertionError as error:
             raise self.violation(number, f"invariant: {error}") from error
         self.stats.check_seconds += time.perf_counter() - checked
+        self.stats.checked_steps += 1
 
 
 def erasure_probe(
@@ -293,11 +296,13 @@ def replay_conversation(
     checker: Checker | None = None,
     source: str = "",
     check_size: bool = False,
+    check_every: int = 1,
 ) -> Any:
     """Replay one record: create the conversation, then append each message on its own and
     call ``conversation_compact`` after each append. Raises ReplayViolation at the first
-    broken step (``check_size``: a context costing more than the full history is one);
-    returns the conversation."""
+    broken step (``check_size``: a context costing more than the full history is one;
+    ``check_every``: the invariants after every such step, every compaction and the last
+    step); returns the conversation."""
     record_id = str(record["id"])
     conversation = conversation_create(
         owner=owner,
@@ -314,6 +319,7 @@ def replay_conversation(
         source=source,
         checker=checker,
         check_size=check_size,
+        check_every=check_every,
     ).play()
 
 

@@ -35,6 +35,7 @@ class Job:
     limit: int | None
     check: bool
     owner: str
+    check_every: int = 1
     database_url: str | None = None
     sqlite_dir: Path | None = None
     sqlite_fsync: bool = False
@@ -81,6 +82,7 @@ def replay_job(job: Job, progress: Callable[[ReplayStats], None] | None = None) 
                 checker=checker,
                 source=source,
                 check_size=job.check,
+                check_every=job.check_every,
             )
             if checker is not None:
                 erasure_probe(conversation, record, stats=stats, checker=checker)

@@ -120,6 +120,7 @@ def _timings(stats: ReplayStats) -> dict[str, Any]:
             for reason, values in sorted(stats.skipped_seconds.items())
         },
         "invariant_checks_total_s": round(stats.check_seconds, 2),
+        "invariant_checked_steps": stats.checked_steps,
     }
 
 
@@ -225,7 +226,8 @@ def _timing_lines(report: Mapping[str, Any]) -> list[str]:
     ]
     lines.append(
         f"  wall {report['wall_seconds']} s (replay {report['replay_seconds']} s, "
-        f"invariant checks {timings['invariant_checks_total_s']} s, "
+        f"invariant checks {timings['invariant_checks_total_s']} s after "
+        f"{timings.get('invariant_checked_steps', 0)} steps, "
         f"{report.get('erasure_probes', 0)} erasure probes, setup+migrate "
         f"{report['setup_seconds']} s); process CPU {report['cpu_seconds']} s; load average "
         f"{report['load_average_at_start']} at start, {report['load_average_at_end']} at end"

@@ -34,6 +34,7 @@ class RunOptions:
     files: tuple[str, ...]
     limit: int | None
     check: bool
+    check_every: int
     jobs: int
     database_url: str | None
     sqlite_dir: Path
@@ -53,6 +54,7 @@ def plan_jobs(options: RunOptions, *, run_id: str, records: int) -> list[Job]:
             files=options.files,
             limit=options.limit,
             check=options.check,
+            check_every=options.check_every,
             owner=f"{BENCH_USER}-{run_id}-{index}",
             database_url=options.database_url,
             sqlite_dir=options.sqlite_dir,
@@ -109,6 +111,7 @@ def describe_run(
         "django": django.get_version(),
         "jobs": jobs,
         "check": options.check,
+        "check_every": options.check_every,
         "invariant_checker": checker_source,
         "policy": {
             "trigger": TRIGGER,

@@ -137,6 +137,7 @@ class ReplayStats:
     append_seconds: list[float] = field(default_factory=list)
     compaction_seconds: list[float] = field(default_factory=list)
     check_seconds: float = 0.0
+    checked_steps: int = 0  # steps the invariants were checked after
     max_active_messages: int = 0
     # Steps whose context costs more than sending the whole history would (all turns).
     context_over_history: int = 0
@@ -155,6 +156,7 @@ class ReplayStats:
         "no_gain_not_sent",
         "summarizer_calls",
         "check_seconds",
+        "checked_steps",
         "context_over_history",
         "erasure_probes",
         "erasure_probe_compactions",
