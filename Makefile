@@ -3,7 +3,7 @@
 # `make mutants` the mutation run, `make lint` ruff and mypy, `make package-check` a real install of the package into a new
 # project.
 
-.PHONY: venv run test mutants lint check bench package-check docs screenshots
+.PHONY: venv run test mutants lint check bench replay-check package-check docs screenshots
 
 PYTHON ?= python3
 VENV := .venv
@@ -82,3 +82,8 @@ screenshots: venv
 
 bench: venv
 	$(BIN)/python -m bench.replay
+
+# Every real conversation with every check after every step (CI replays a part of it with
+# the invariants after every 10th step and every compaction: docs/testing.md, "CI").
+replay-check: venv
+	$(BIN)/python -m bench.replay --check
