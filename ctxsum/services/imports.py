@@ -124,8 +124,11 @@ class Tally:
     last_line: int = 0
 
     def add(self, other: Tally) -> None:
-        for name in ("conversations", "messages", "rejected", "skipped", "reasons"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.conversations += other.conversations
+        self.messages += other.messages
+        self.rejected += other.rejected
+        self.skipped += other.skipped
+        self.reasons += other.reasons
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes, int]]:
