@@ -1,21 +1,26 @@
 """How many identifiers of the archived messages survive compaction: in the summary alone,
-and in the summary with the key facts beside it.
+and in the summary with the key facts beside it; and what the facts block costs.
 
 Every agent run of the data is replayed through ctxsum's service layer with the offline
-summarizer (deterministic, no network): the system message leads, every other message is
-appended on its own and ``conversation_compact`` runs after each append (trigger 12
-messages, keep 6). After every compaction that commits, the identifiers of all the messages
-archived so far (``ctxsum.coverage``'s e-mail addresses, amounts, dates and identifiers:
-ids, codes, order numbers) are looked for in
+summarizer (deterministic, no network; ``--summary fixed``: bench.vs_langchain's fixed
+summary, with the facts the offline backend finds): the system message leads, every other
+message is appended on its own and ``conversation_compact`` runs after each append (trigger
+12 messages, keep 6). After every compaction that commits, the identifiers of all the
+messages archived so far (``ctxsum.coverage``'s e-mail addresses, amounts, dates and
+identifiers: ids, codes, order numbers) are looked for in
 
 - the active summary's text;
 - the summary and every stored fact the conversation sees (key and value);
-- the summary and the facts block as the context carries it (``FACTS_MAX_TOKENS``).
+- the summary and the facts block as the context carries it (its budget, ``facts_budget``);
+- the context without the block: the summary and the kept messages;
+- the context: the summary, the facts block and the kept messages.
 
 Reported by compaction number (1st, 2nd, … of a conversation): identifiers found and the
-share present in each, summed over conversations.
+share present in each, summed over conversations. The cost: after every append (a model
+call), the tokens of the facts block, and its share of the context from message 20 on.
 
-    python -m bench.facts_recall [--limit N] [--database-url URL] [--output PATH]
+    python -m bench.facts_recall [--limit N] [--summary offline|fixed]
+        [--facts-max-tokens N] [--database-url URL] [--output PATH]
 """
 
 from __future__ import annotations
@@ -31,21 +36,45 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, run_facts, write_json
+from bench.fixed_summary import FIXED_SUMMARY
+from ctxsum.summarizers.offline import OfflineSummarizer
 from tests.support.run_info import load_average
 from tests.support.shared import DATA_DIR
 
 KINDS = ("email", "amount", "date", "identifier")
-SIDES = ("summary", "summary + facts", "summary + facts block")
+SIDES = (
+    "summary",
+    "summary + facts",
+    "summary + facts block",
+    "context without block",
+    "context",
+)
 AGENT_RUNS = "agent_trajectories.jsonl.gz"
 TRIGGER = {"messages": 12}
 KEEP = {"messages": 6}
 REPORTED = (1, 2, 3, 5, 10, 15, 20)
+SUMMARIZERS = {
+    "offline": "ctxsum.summarizers.offline.OfflineSummarizer",
+    "fixed": "bench.facts_recall.FixedFactsSummarizer",
+}
+# The block's share of the context is reported from this message on, as in issue 21.
+LATE_CALL = 20
+
+
+class FixedFactsSummarizer(OfflineSummarizer):
+    """bench.vs_langchain's fixed summary (no identifiers), with the key facts the offline
+    backend finds in the history."""
+
+    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
+        return FIXED_SUMMARY
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.facts_recall", description=__doc__)
     parser.add_argument("--limit", type=int, default=None, help="at most N agent runs")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument("--summary", choices=sorted(SUMMARIZERS), default="offline")
+    parser.add_argument("--facts-max-tokens", type=int, default=None, metavar="N")
     parser.add_argument(
         "--database-url", default=None, help="a database to use (default: a new SQLite file)"
     )
@@ -53,9 +82,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def setup(database_url: str | None, sqlite_dir: Path) -> None:
-    """The example project's settings on the benchmark's own database, with the offline
-    summarizer and no automatic compaction."""
+def setup(database_url: str | None, sqlite_dir: Path, args: argparse.Namespace) -> None:
+    """The example project's settings on the benchmark's own database, with the summarizer
+    ``args`` names and no automatic compaction."""
     import os
 
     from tests.support.replay_django import replay_database
@@ -72,8 +101,11 @@ def setup(database_url: str | None, sqlite_dir: Path) -> None:
     settings.DEBUG = False
     settings.CTXSUM = {
         **(getattr(settings, "CTXSUM", None) or {}),
-        "SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer",
+        "SUMMARIZER": SUMMARIZERS[args.summary],
         "AUTO_COMPACT": False,
+        **(
+            {"FACTS_MAX_TOKENS": args.facts_max_tokens} if args.facts_max_tokens is not None else {}
+        ),
     }
     django.setup()
     from django.core.management import call_command
@@ -89,6 +121,29 @@ class Tally:
         self.present: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(SIDES, 0))
         self.conversations: dict[int, int] = defaultdict(int)
         self.missing_examples: list[dict[str, Any]] = []
+        # Per call: the facts block's tokens (0: none); from LATE_CALL on, the context's.
+        self.blocks: list[int] = []
+        self.late: list[tuple[int, int]] = []
+
+    def call(self, number: int, context: Any) -> None:
+        """Count what the facts block costs in the context of the ``number``-th call."""
+        block = sum(part.tokens for part in context.layout.pinned if part.kind == "facts")
+        self.blocks.append(block)
+        if number >= LATE_CALL:
+            self.late.append((block, context.token_count))
+
+    def cost(self) -> dict[str, Any]:
+        shown = sorted(block for block in self.blocks if block)
+        late_context = sum(total for _, total in self.late)
+        return {
+            "calls": len(self.blocks),
+            "calls_with_block": len(shown),
+            "median_block_tokens": shown[len(shown) // 2] if shown else 0,
+            "block_tokens": sum(shown),
+            "late_block_share": sum(b for b, _ in self.late) / late_context
+            if late_context
+            else None,
+        }
 
     def add(self, number: int, found: int, present: Mapping[str, int]) -> None:
         self.found[number] += found
@@ -120,14 +175,15 @@ class Tally:
             },
             "all": {side: self.share(numbers, side) for side in SIDES},
             "missing_examples": self.missing_examples[:40],
+            "cost": self.cost(),
         }
 
 
-def measure(conversation: Any, summary: Any) -> tuple[int, dict[str, int], list[str]]:
+def measure(conversation: Any, summary: Any, context: Any) -> tuple[int, dict[str, int], list[str]]:
     """Identifiers of the messages archived under ``summary`` and its predecessors, and how
-    many each side holds; with the ones the facts missed."""
+    many each side holds (``context``: the active one); with the ones the facts missed."""
     from ctxsum import coverage
-    from ctxsum.facts.block import block_message, facts_chosen, facts_visible
+    from ctxsum.facts.block import block_message, facts_visible
     from ctxsum.facts.lines import fact_line
     from ctxsum.models import Message
 
@@ -138,11 +194,14 @@ def measure(conversation: Any, summary: Any) -> tuple[int, dict[str, int], list[
     found = [(kind, text) for kind, text in coverage.facts_found(texts) if kind in KINDS]
     facts = list(facts_visible(conversation))
     stored = "\n".join(fact_line(fact.key, fact.value) for fact in facts)
-    block = str(block_message(facts_chosen(facts, model=conversation.model or None))["content"])
+    block = str(block_message(context.shown("facts"))["content"])
+    kept = "\n".join(coverage.message_texts(context.body))
     holders = {
         "summary": summary.text,
         "summary + facts": f"{summary.text}\n{stored}",
         "summary + facts block": f"{summary.text}\n{block}",
+        "context without block": f"{summary.text}\n{kept}",
+        "context": f"{summary.text}\n{block}\n{kept}",
     }
     present: dict[str, int] = {}
     missed: list[str] = []
@@ -170,14 +229,16 @@ def replay(record: Mapping[str, Any], owner: Any, tally: Tally) -> int:
         messages=[dict(message) for message in leading] or None,
     )
     number = 0
-    for message in messages[len(leading) :]:
+    for index, message in enumerate(messages[len(leading) :], start=len(leading)):
         message_append(conversation=conversation, messages=[dict(message)])
         result = conversation_compact(conversation=conversation)
+        assert result.context is not None
+        tally.call(index, result.context)
         if result.reason != Reason.COMPACTED:
             continue
         number += 1
         summary = Summary.objects.get(conversation=conversation, active=True)
-        found, present, missed = measure(conversation, summary)
+        found, present, missed = measure(conversation, summary, result.context)
         tally.add(number, found, present)
         if missed and len(tally.missing_examples) < 40:
             tally.missing_examples.append(
@@ -223,14 +284,28 @@ def report_lines(result: Mapping[str, Any]) -> list[str]:
         for side in SIDES
     )
     lines.append(f"10th and later | | | {from_10}")
+    cost = result["cost"]
+    late = cost["late_block_share"]
+    lines.append(
+        f"facts block in {cost['calls_with_block']} of {cost['calls']} calls, median "
+        f"{cost['median_block_tokens']} tokens, {cost['block_tokens']} in all; "
+        f"from message {LATE_CALL} on {'-' if late is None else f'{late:.1%}'} of the context"
+    )
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="ctxsum-facts-recall-") as sqlite_dir:
-        setup(args.database_url, Path(sqlite_dir))
-        report = {**run_facts(), "command": "python -m bench.facts_recall"}
+        setup(args.database_url, Path(sqlite_dir), args)
+        report = {
+            **run_facts(),
+            "command": "python -m bench.facts_recall",
+            "args": {
+                name: str(value) if isinstance(value, Path) else value
+                for name, value in vars(args).items()
+            },
+        }
         report["result"] = run(args)
         report["load_average_end"] = load_average()
     stamp = datetime.date.today().isoformat()

@@ -75,9 +75,12 @@ class Defaults:
     # The summary enters the context as a user message starting with this text.
     SUMMARY_PREFIX: str = "Here is a summary of the conversation so far:"
     # Key facts (ctxsum.facts.models.Fact) enter the context as one user message after the
-    # summary, pinned facts first, then the most recently confirmed, up to this many tokens
-    # (0: no facts block). The trigger counts the block like any message.
+    # summary, pinned facts first, then the most recently confirmed, leaving out those whose
+    # value the summary or a kept message already holds, up to FACTS_TRIGGER_SHARE of the
+    # trigger's tokens (of MAX_CONTEXT_TOKENS when the trigger counts messages only) and at
+    # most FACTS_MAX_TOKENS (0: no facts block). The trigger counts the block like any message.
     FACTS_MAX_TOKENS: int = 500
+    FACTS_TRIGGER_SHARE: float = 0.05
     # Compact automatically after an append that reaches the trigger: a compaction task is
     # enqueued once the append commits (COMPACTION_RUNNER). Only a context over
     # MAX_CONTEXT_TOKENS is compacted at once, in the appending process, after the commit.

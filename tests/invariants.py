@@ -8,10 +8,11 @@ conversation, its rows and its summaries, and asserts (with messages that say wh
     when the conversation has one;
 (b) it holds at most one summary message: the active summary, as a user message starting
     with ``SUMMARY_PREFIX``, right after the leading message (or first); then at most one
-    key facts block: the facts ``facts_chosen`` picks of those the conversation shows (the
-    first ``candidates_limit()`` in block order), as the user message ``block_message``
-    makes of them, right after the summary (or the
-    leading message, or first), with ``block_tokens`` of them, equal to ``facts_tokens``;
+    key facts block: the facts ``facts_chosen`` picks of those the conversation shows
+    within its ``facts_budget``, as the user message ``block_message`` makes of them, right
+    after the summary (or the leading message, or first), with ``block_tokens`` of them,
+    equal to ``facts_tokens``; every fact it leaves out (``hidden``) has its value in the
+    summary's text or a kept message (``carries``);
 (c) it ends with the newest original messages verbatim: every active non-leading row, in seq
     order (``as_openai()``), is the context's tail, and no archived row is newer than an
     active one. With ``original_messages`` (every message appended, in append order, in the
@@ -56,14 +57,16 @@ from typing import Any
 from django.db.models import Q
 
 from ctxsum.conf import ctxsum_settings
+from ctxsum.coverage import message_texts
 from ctxsum.facts.block import (
     block_message,
     block_order,
     block_tokens,
-    candidates_limit,
+    facts_budget,
     facts_chosen,
     facts_visible,
 )
+from ctxsum.facts.lines import carries, normalized
 from ctxsum.facts.models import Fact, FactChange
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.policy import LEADING_ROLES
@@ -140,10 +143,11 @@ def _load(conversation: Conversation) -> _State:
         leading=leading_rows[0] if leading_rows else None,
         active=[row for row in body if row.summary_id is None],
         archived=[row for row in body if row.summary_id is not None],
-        # Every fact it shows, in block order, as many as a block may be chosen from.
+        # Every fact it shows, in block order.
         facts=facts_chosen(
-            sorted(facts_visible(conversation), key=block_order)[: candidates_limit()],
+            sorted(facts_visible(conversation), key=block_order),
             model=model,
+            budget=facts_budget(conversation),
         ),
     )
 
@@ -315,6 +319,14 @@ def _check_context_shape(state: _State) -> None:
         assert state.context.tokens[position] == state.facts_tokens, (
             f"{label}: the facts block counts {state.context.tokens[position]} tokens in the "
             f"context, {state.facts_tokens} as a message"
+        )
+    summary = state.active_summary.text if state.active_summary else ""
+    kept = message_texts(row.as_openai() for row in state.active)
+    text = normalized("\n".join([summary, *kept]))
+    for fact in facts_visible(state.conversation):
+        assert not fact.hidden or carries(text, fact.value), (
+            f"{label}: the facts block leaves out {fact.key}: {fact.value!r}, which neither "
+            "the summary nor a kept message holds"
         )
     shown = state.context.shown("facts")
     assert [fact.pk for fact in shown] == [fact.pk for fact in state.facts], (

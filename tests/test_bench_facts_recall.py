@@ -26,5 +26,11 @@ def test_facts_keep_what_the_summary_loses(user, offline_summarizer, settings):
     assert result["all"]["summary"] < result["all"]["summary + facts"]
     # The block is bounded by FACTS_MAX_TOKENS: it holds at most what the store holds.
     assert result["all"]["summary + facts block"] <= result["all"]["summary + facts"]
+    # The block leaves out what the kept messages hold: the context keeps at least as much
+    # as the summary and the block alone, and the block's cost is counted per call.
+    assert result["all"]["context"] >= result["all"]["summary + facts block"]
+    assert result["all"]["context"] >= result["all"]["context without block"]
+    cost = result["cost"]
+    assert 0 < cost["calls_with_block"] < cost["calls"] and cost["median_block_tokens"] > 0
     for row in result["by_compaction"]:
         assert row["identifiers"] >= max(row["present"].values())

@@ -615,8 +615,13 @@ def test_facts_that_would_grow_the_context_past_the_gain_are_left_out(user, sett
 
 def test_the_trigger_counts_the_block(user, settings):
     """Messages alone below the token trigger, with the facts block at it: the append's
-    check finds a compaction due, and a compaction that is not forced compacts."""
-    settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": OFFLINE_SUMMARIZER}
+    check finds a compaction due, and a compaction that is not forced compacts. (The block
+    may take the whole trigger: at its default share, a trigger this small leaves it none.)"""
+    settings.CTXSUM = {
+        **settings.CTXSUM,
+        "SUMMARIZER": OFFLINE_SUMMARIZER,
+        "FACTS_TRIGGER_SHARE": 1,
+    }
     for index in range(6):
         person_writes(
             None, owner=user, subject="acme", key=f"contract_{index}", value=f"C-{index} " * 4

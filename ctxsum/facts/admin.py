@@ -52,15 +52,7 @@ class ScopeFilter(admin.SimpleListFilter):
 
 @admin.register(Fact)
 class FactAdmin(ReviewMediaMixin, FactModelAdmin):
-    list_display = (
-        "fact",
-        "scope",
-        "pinned",
-        "author",
-        "sources",
-        "tokens",
-        "confirmed",
-    )
+    list_display = ("fact", "scope", "pinned", "author", "sources", "tokens", "confirmed")
     list_display_links = ("fact",)
     list_filter = ("pinned", "changed_by", ScopeFilter)
     list_select_related = ("conversation", "owner")

@@ -1,7 +1,7 @@
 """The facts block of a context: one user message after the summary showing a
-conversation's own facts and its subject's, in ``FACT_ORDER``, as many as
-``FACTS_MAX_TOKENS`` allows; its tokens count in ``active_tokens`` (``facts_tokens`` is
-its share), kept up to date whenever facts change.
+conversation's own facts and its subject's, in ``FACT_ORDER``, less those whose value the
+context carries (``CarriedFact``), as many as ``facts_budget`` allows; its tokens count in
+``active_tokens`` (``facts_tokens`` is its share), kept up to date whenever facts change.
 
 Lock order (docs/architecture.md, "Key facts"): the owner's user row first, FOR NO KEY
 UPDATE (``facts.services.owner_lock``), then the conversations that show the facts being
@@ -16,30 +16,50 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
-from ctxsum.facts.lines import FACTS_HEADER, fact_line, fact_tokens
-from ctxsum.facts.models import FACT_ORDER, Fact
+from ctxsum.coverage import message_texts
+from ctxsum.facts.lines import FACTS_HEADER, carries, fact_line, fact_tokens, normalized
+from ctxsum.facts.models import FACT_ORDER, CarriedFact, Fact
 from ctxsum.hooks import Block
-from ctxsum.models import Conversation
+from ctxsum.models import Conversation, Message, Summary
+from ctxsum.selectors import conversation_effective_policy
 
 FACTS_BLOCK = "facts"
 # What a recount changes on the conversation row.
 BLOCK_FIELDS = ("facts_tokens", "active_tokens", "revision", "updated_at")
 # The fewest tokens a fact's line can cost ("- k: v" and its newline): how many facts a block
-# of FACTS_MAX_TOKENS could ever show.
+# of its budget could ever show.
 MIN_LINE_TOKENS = 3
+# What the last read of a conversation's block found, on its instance: (revision, whether it
+# sees any fact, shown or left out).
+SEEN = "_ctxsum_facts_seen"
+
+
+def facts_budget(conversation: Conversation) -> int:
+    """FACTS_TRIGGER_SHARE of the trigger's tokens (of the ceiling with a messages trigger),
+    at most FACTS_MAX_TOKENS (the budget when neither counts tokens)."""
+    cap: int = ctxsum_settings.FACTS_MAX_TOKENS
+    policy = conversation_effective_policy(conversation)
+    base = policy["trigger"].get("tokens") or policy["max_context_tokens"]
+    return cap if base is None else min(cap, int(base * ctxsum_settings.FACTS_TRIGGER_SHARE))
 
 
 def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
-    """The conversation's own facts and its subject's, in ``FACT_ORDER``."""
+    """The conversation's own facts and its subject's, in ``FACT_ORDER``, each with
+    ``hidden``: its block leaves it out, its value carried by the context (never a pinned
+    one)."""
     facts = Fact.objects.using(conversation._state.db)
     visible = facts.filter(conversation=conversation)
     if conversation.subject:
         visible |= facts.of_subject(conversation.owner_id, conversation.subject)
-    return visible.order_by(*FACT_ORDER)
+    carried = CarriedFact.objects.filter(
+        conversation=conversation.pk, fact=OuterRef("pk"), value=OuterRef("value")
+    )
+    hidden = ExpressionWrapper(Q(pinned=False) & Exists(carried), output_field=BooleanField())
+    return visible.annotate(hidden=hidden).order_by(*FACT_ORDER)
 
 
 def block_order(fact: Fact) -> tuple[bool, int, str, float]:
@@ -51,15 +71,16 @@ def block_order(fact: Fact) -> tuple[bool, int, str, float]:
     return (not fact.pinned, -micros, fact.key, math.inf if pk is None else pk)
 
 
-def candidates_limit() -> int:
-    """How many facts, in block order, a block is chosen from: as many as could fit, each
-    key twice (the conversation's own and its subject's)."""
-    return 2 * (max(ctxsum_settings.FACTS_MAX_TOKENS, 0) // MIN_LINE_TOKENS + 1)
+def left_out(fact: Fact) -> bool:
+    return bool(getattr(fact, "hidden", False))  # as facts_visible annotates it
 
 
-def facts_candidates(conversation: Conversation) -> QuerySet[Fact]:
-    """The facts the conversation's block is chosen from (one query)."""
-    return facts_visible(conversation)[: candidates_limit()]
+def candidates_limit(budget: int | None = None) -> int:
+    """How many facts, in block order, a block of ``budget`` tokens (FACTS_MAX_TOKENS) is
+    chosen from: as many as could fit, each key twice (the conversation's own and its
+    subject's)."""
+    limit = ctxsum_settings.FACTS_MAX_TOKENS if budget is None else budget
+    return 2 * (max(limit, 0) // MIN_LINE_TOKENS + 1)
 
 
 def one_per_key(facts: Iterable[Fact]) -> dict[str, Fact]:
@@ -73,12 +94,16 @@ def one_per_key(facts: Iterable[Fact]) -> dict[str, Fact]:
     return by_key
 
 
-def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[Fact]:
+def facts_chosen(
+    ordered: Sequence[Fact], *, model: str | None = None, budget: int | None = None
+) -> list[Fact]:
     """The facts the block shows, in its order, from those the conversation sees in
-    ``FACT_ORDER`` (at least the first ``candidates_limit()``): one per key, while the block
-    stays within FACTS_MAX_TOKENS (a shorter fact after one that does not fit may)."""
-    limit = ctxsum_settings.FACTS_MAX_TOKENS
-    candidates = one_per_key(ordered[: candidates_limit()]).values()
+    ``FACT_ORDER``: of the first ``candidates_limit()``, those it leaves out last, one per
+    key and not left out, while the block stays within ``budget`` (FACTS_MAX_TOKENS; a
+    shorter fact after one that does not fit may)."""
+    limit = ctxsum_settings.FACTS_MAX_TOKENS if budget is None else budget
+    first = sorted(ordered, key=left_out)[: candidates_limit(limit)]
+    candidates = [fact for fact in one_per_key(first).values() if not left_out(fact)]
     chosen: list[Fact] = []
     used = tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
     for fact in sorted(candidates, key=block_order):
@@ -94,8 +119,12 @@ def facts_chosen(ordered: Sequence[Fact], *, model: str | None = None) -> list[F
 def facts_block(conversation: Conversation) -> Block | None:
     """The conversation's facts block as its facts stand now (one query); None when it shows
     no fact. The context's "facts" block contributor."""
-    model = conversation.model or None
-    facts = facts_chosen(list(facts_candidates(conversation)), model=model)
+    model, budget = conversation.model or None, facts_budget(conversation)
+    # The facts the block is chosen from, those it leaves out last.
+    first = facts_visible(conversation).order_by(F("hidden"), *FACT_ORDER)
+    read = list(first[: candidates_limit(budget)])
+    setattr(conversation, SEEN, (conversation.revision, bool(read)))
+    facts = facts_chosen(read, model=model, budget=budget)
     if not facts:
         return None
     message, size = block_message(facts), block_tokens(facts, model=model)
@@ -131,6 +160,43 @@ def conversations_lock(
     if subject:
         shown |= Q(owner_id=owner_id, subject=subject)
     return list(Conversation.objects.using(db).select_for_update().filter(shown).order_by("pk"))
+
+
+def facts_seen(conversation: Conversation) -> bool:
+    """Whether the conversation sees any fact, shown or not: as the last read of its block
+    found it at the instance's revision, else one query."""
+    if conversation.facts_tokens:
+        return True
+    seen = getattr(conversation, SEEN, None)
+    if seen is not None and seen[0] == conversation.revision:
+        return bool(seen[1])
+    return facts_visible(conversation).exists()
+
+
+def context_text(locked: Conversation, summary: str | None = None) -> str:
+    """The text of the context's ``summary`` (None: the active one's) and its kept messages
+    (the active ones but the leading one), ``normalized``: what ``carries`` looks in."""
+    db = locked._state.db
+    if summary is None:
+        active = Summary.objects.using(db).filter(conversation=locked, active=True)
+        summary = active.values_list("text", flat=True).first() or ""
+    rows = Message.objects.using(db).filter(conversation=locked, is_leading=False).active()
+    kept = [{"content": c, "tool_calls": t} for c, t in rows.values_list("content", "tool_calls")]
+    return normalized("\n".join([summary, *message_texts(kept)]))
+
+
+def facts_check(locked: Conversation, text: str, *, add: bool = True) -> None:
+    """Mark which of the first facts ``locked`` sees (twice those its block is chosen from)
+    its context ``text`` carries; without ``add`` (a redaction only takes text away), only
+    unmark those it no longer carries. Under ``locked``'s row lock."""
+    rows = CarriedFact.objects.using(locked._state.db).filter(conversation=locked)
+    if not add:
+        rows.exclude(pk__in=[row.pk for row in rows if carries(text, row.value)]).delete()
+        return
+    first = facts_visible(locked)[: 2 * candidates_limit(facts_budget(locked))]
+    marked = [fact for fact in first if carries(text, fact.value)]
+    rows.delete()
+    rows.bulk_create(CarriedFact(conversation=locked, fact=f, value=f.value) for f in marked)
 
 
 def facts_count(conversation: Conversation) -> int:

@@ -24,16 +24,16 @@ from django.utils import timezone
 from ctxsum.facts.block import (
     block_order,
     block_tokens,
+    candidates_limit,
     conversations_lock,
-    facts_candidates,
+    facts_budget,
     facts_chosen,
-    facts_count,
     facts_recount,
     facts_visible,
     line_tokens,
     one_per_key,
-    own_block,
 )
+from ctxsum.facts.lines import carries
 from ctxsum.facts.models import Fact, FactChange
 from ctxsum.models import Conversation, Summary
 from ctxsum.summarizers import facts as fact_parse
@@ -71,11 +71,9 @@ def facts_lock(conversation: Conversation, *, db: str) -> list[Conversation]:
 
 @dataclass(frozen=True, kw_only=True)
 class Merged:
-    """What a merge did: ``count``, the tokens of the committing conversation's facts block
-    afterwards; ``crowded``, how many facts were left out for room; ``shared``, whether it
-    changed a subject's fact that the subject's other conversations may show."""
+    """What a merge did: ``crowded``, how many facts were left out for room; ``shared``,
+    whether it changed a subject's fact that the subject's other conversations may show."""
 
-    count: int
     crowded: int
     shared: bool
 
@@ -88,28 +86,29 @@ def facts_commit(
     summary: Summary,
     facts: Sequence[ProposedFact],
     room: int | None = None,
+    text: str = "",
 ) -> None:
-    """Merge the ``facts`` version ``summary`` proposed, then bring the facts blocks of
-    ``locked`` (its counters, saved by the caller) and of ``shown`` up to date. ``subject``:
-    the one whose conversations ``shown`` holds (another one by now: the facts are skipped).
-    ``room``: the most tokens ``locked``'s block may grow by."""
+    """Merge the ``facts`` version ``summary`` proposed, then bring the facts blocks of the
+    other conversations of ``shown`` up to date (``locked``'s own follows its context's
+    check, ``hooks``). ``subject``: the one whose conversations ``shown`` holds (another one
+    by now: the facts are skipped). ``room``: the most tokens ``locked``'s block may grow
+    by, in its context as the commit leaves it (``text``, its ``context_text``)."""
     if not facts:
         return
     if locked.subject != subject:
         _skipped(summary, [SUBJECT_CHANGED])
-        own_block(locked, facts_count(locked))
         return
     try:
         # A savepoint: a merge that fails on its data leaves the summary's commit intact.
         with transaction.atomic(using=locked._state.db):
-            merged = facts_merge(locked=locked, summary=summary, facts=facts, room=room)
+            merged = facts_merge(locked=locked, summary=summary, facts=facts, room=room, text=text)
     except (DataError, ValidationError, ValueError) as error:
         logger.warning("Key facts of conversation %s not stored: %s", locked.pk, error)
         _skipped(summary, [NOT_STORED.format(error=error)])
         return
     if merged.crowded:
         _skipped(summary, [CROWDED.format(count=merged.crowded)])
-    _recount(locked, shown, merged.count, shared=merged.shared)
+    _recount(locked, shown, shared=merged.shared)
 
 
 def facts_merge(
@@ -118,39 +117,45 @@ def facts_merge(
     summary: Summary,
     facts: Sequence[ProposedFact],
     room: int | None = None,
+    text: str = "",
 ) -> Merged:
     """Merge ``facts`` by key into the facts ``locked`` shows, recording a ``FactChange``
-    for every write; with ``room``, a fact that would grow the block past it is left out."""
+    for every write; with ``room``, a fact that would grow the block past it, in the
+    context ``text`` (its ``context_text``), is left out."""
     db = locked._state.db or "default"
     now = timezone.now()
-    model = locked.model or None
-    # The facts under the keys proposed, and those the block is chosen from now (2 queries).
+    model, budget = locked.model or None, facts_budget(locked)
+    # The facts under the keys proposed, and those the block is chosen from (2 queries).
     targets = one_per_key(facts_visible(locked).filter(key__in=[fact.key for fact in facts]))
+    first = facts_visible(locked)[: 2 * candidates_limit(budget)]
+
+    def mark(fact: Fact) -> Fact:
+        fact.hidden = not fact.pinned and carries(text, fact.value)  # type: ignore[attr-defined]
+        return fact
+
     # The facts as the merge leaves them, by row (new ones by key): what the block will show.
-    state: dict[object, Fact] = {fact.pk: fact for fact in facts_candidates(locked)}
+    state: dict[object, Fact] = {fact.pk: mark(fact) for fact in first}
 
     def block(rows: dict[object, Fact]) -> int:
         ordered = sorted(rows.values(), key=block_order)
-        return block_tokens(facts_chosen(ordered, model=model), model=model)
+        return block_tokens(facts_chosen(ordered, model=model, budget=budget), model=model)
 
-    # Against the block as it reads now: the context the compaction saw.
-    limit = None if room is None else block(state) + room
+    # Against the block the compaction saw, counted in its context.
+    limit = None if room is None else locked.facts_tokens + room
     writes: list[tuple[Fact | None, Fact, str]] = []
     crowded = 0
     for proposed in facts:
         target = targets.get(proposed.key)
         merged, kind = _merged(target, proposed, locked=locked, summary=summary, now=now)
         slot: object = target.pk if target is not None else ("new", proposed.key)
-        after = {**state, slot: merged}
+        after = {**state, slot: mark(merged)}
         if limit is not None and block(after) > limit:
             crowded += 1
             continue
         state = after
         writes.append((target, merged, kind))
-    count = block(state)  # before the writes give the new facts their ids
     _write(db, writes, summary, now)
     return Merged(
-        count=count,
         crowded=crowded,
         shared=any(
             merged.conversation_id is None and kind != Kind.PROPOSED for _, merged, kind in writes
@@ -263,7 +268,7 @@ def facts_revert(
         if not _held(change.fact, locked, subject):
             continue  # a fact of another subject by now: its conversations are not locked
         shared |= _undo(change, target=target, locked=locked, db=db)
-    _recount(locked, shown, facts_count(locked), shared=shared)
+    _recount(locked, shown, shared=shared)
 
 
 def _undo(change: FactChange, *, target: Summary, locked: Conversation, db: str) -> bool:
@@ -370,7 +375,7 @@ def facts_forget(
         return
     Fact.objects.using(db).filter(pk__in=[fact.pk for fact in cited]).delete()
     shared = any(fact.conversation_id is None for fact in cited)
-    _recount(locked, shown, facts_count(locked), shared=shared)
+    _recount(locked, shown, shared=shared)
 
 
 def _held(fact: Fact, locked: Conversation, subject: str) -> bool:
@@ -381,12 +386,9 @@ def _held(fact: Fact, locked: Conversation, subject: str) -> bool:
     return fact.owner_id == locked.owner_id and fact.subject == subject == locked.subject
 
 
-def _recount(
-    locked: Conversation, shown: Sequence[Conversation], count: int, *, shared: bool
-) -> None:
-    """``count`` into ``locked``'s counters, then recount the blocks of the other
-    conversations of ``shown`` (``shared``: a subject's fact they may show changed)."""
-    own_block(locked, count)
+def _recount(locked: Conversation, shown: Sequence[Conversation], *, shared: bool) -> None:
+    """Recount the blocks of the conversations of ``shown`` but ``locked`` (``shared``: a
+    subject's fact they may show changed); ``locked``'s follows its context's check."""
     facts_recount(
         [conversation for conversation in shown if conversation.pk != locked.pk], changed=shared
     )

@@ -109,6 +109,26 @@ class Fact(models.Model):
         return f"{self.key}: {self.value}"
 
 
+class CarriedFact(models.Model):
+    """A fact whose value the context of ``conversation`` carried (its summary's text or a
+    kept message) when that context last changed: its facts block leaves the fact out while
+    its value is still ``value`` (docs/architecture.md, "Key facts")."""
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="+")
+    fact = models.ForeignKey(Fact, on_delete=models.CASCADE, related_name="+")
+    value = models.TextField()
+
+    class Meta:
+        app_label = "ctxsum_facts"
+        db_table = "ctxsum_carriedfact"
+        constraints = [
+            models.UniqueConstraint(fields=["conversation", "fact"], name="ctxsum_carried_uniq")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.conversation_id}: {self.fact_id}"
+
+
 class FactChange(models.Model):
     """One write of the summarizer to a fact, with the fact as it was before: what reverting
     that summary version undoes (unless a person has edited or pinned the fact since)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models import F, QuerySet
 
-from ctxsum.facts.block import facts_chosen, facts_visible
+from ctxsum.facts.block import facts_budget, facts_chosen, facts_visible
 from ctxsum.facts.models import FACT_ORDER, Fact
 from ctxsum.models import Conversation
 
@@ -37,7 +37,8 @@ class FactsSeen:
 def conversation_facts(*, conversation: Conversation) -> FactsSeen:
     """The facts ``conversation`` sees, and which of them its block shows (one query)."""
     facts = list(_annotated(facts_visible(conversation)))
-    chosen = facts_chosen(facts, model=conversation.model or None)
+    model, budget = conversation.model or None, facts_budget(conversation)
+    chosen = facts_chosen(facts, model=model, budget=budget)
     return FactsSeen(facts=facts, shown=frozenset(fact.pk for fact in chosen))
 
 

@@ -30,8 +30,10 @@ def key_facts(document: Document) -> None:
 
         Beside the summary, a context may show key facts: one user message after the
         summary, its *facts block*, with a `key: value` line per fact, pinned facts first,
-        then the most recently confirmed, up to `FACTS_MAX_TOKENS` ({limit}) tokens. The
-        trigger counts the block like any message. The summarizer writes facts as it
+        then the most recently confirmed, up to its budget (`FACTS_TRIGGER_SHARE` of the
+        trigger's tokens, at most `FACTS_MAX_TOKENS`: {limit} tokens by default), leaving out
+        a fact whose value the summary or a kept message already holds (`in_context` is then
+        false). The trigger counts the block like any message. The summarizer writes facts as it
         compacts; a person adds, changes, pins and deletes them here. A conversation's facts
         are its own; a *subject's* are shared by every conversation of yours that names the
         subject (a customer, say). A conversation names one with `subject`, on create or

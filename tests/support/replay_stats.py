@@ -17,9 +17,11 @@ MESSAGE_UPDATE = re.compile(r"""^\s*UPDATE\s+[`"]?ctxsum_message[`"]?\s""", re.I
 SKIPS_NOTED = re.compile(
     r"""^\s*UPDATE\s+[`"]?ctxsum_summary[`"]?\s+SET\s+[`"]?facts_skipped[`"]?""", re.IGNORECASE
 )
-# The key facts' statements: reads of the facts, and the merge's bulk writes.
+# The key facts' statements: reads of the facts, the merge's bulk writes, and the rewrite of
+# which facts the context carries.
 FACT_STATEMENT = re.compile(
-    r"""^\s*(SELECT|INSERT\s+INTO|UPDATE)\s.*?[`"]?(ctxsum_factchange|ctxsum_fact)[`"]?[\s.]""",
+    r"""^\s*(SELECT|INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s.*?[`"]?"""
+    r"""(ctxsum_factchange|ctxsum_carriedfact|ctxsum_fact)[`"]?[\s.]""",
     re.IGNORECASE | re.DOTALL,
 )
 
