@@ -202,29 +202,43 @@ def _runner_errors() -> list[CheckMessage]:
     if not callable(enqueue):
         message = f"CTXSUM['COMPACTION_RUNNER'] ({runner!r}) is not callable."
         return [Error(message, id="ctxsum.E020")]
-    return _defer_warnings() if runner == "tasks" else []
+    return _backend_warnings(auto) if runner == "tasks" else []
 
 
-def _defer_warnings() -> list[CheckMessage]:
-    """W006 for the "tasks" runner; the immediate backend is exempt: it runs the compaction
-    in the appending process."""
+def _backend_warnings(auto: bool) -> list[CheckMessage]:
+    """For the "tasks" runner: W008, a backend whose tasks wait for a worker the project has
+    to start, and W006, one that cannot defer a task. The immediate backend is exempt from
+    both: it runs the compaction in the appending process; the dummy one, for tests, from
+    W008: it never runs a task."""
     from ctxsum.tasks import compact_conversation
 
     try:
         backend = compact_conversation.get_backend()
     except Exception:  # a TASKS setting the tasks framework's own checks report
         return []
-    if backend.supports_defer or type(backend).__name__ == "ImmediateBackend":
-        return []
-    return [
-        Warning(
-            f"The task backend {type(backend).__name__} cannot defer a task (run_after): a "
-            "background compaction lost with its worker (killed mid-call) is not retried.",
-            hint="Use django_tasks_db.DatabaseBackend, whose db_worker runs deferred tasks, "
-            "or run `manage.py ctxsum_compact --due` on a schedule.",
-            id="ctxsum.W006",
+    name = type(backend).__name__
+    warnings: list[CheckMessage] = []
+    if auto and name not in ("ImmediateBackend", "DummyBackend"):
+        worker = "`manage.py db_worker`" if name == "DatabaseBackend" else f"{name}'s worker"
+        warnings.append(
+            Warning(
+                f"The task backend {name} runs compactions only in a worker: until {worker} "
+                "runs, they wait, and a context compacts only once it exceeds its ceiling.",
+                hint=f"Start {worker} beside the web processes, then silence ctxsum.W008.",
+                id="ctxsum.W008",
+            )
         )
-    ]
+    if not backend.supports_defer and name != "ImmediateBackend":
+        warnings.append(
+            Warning(
+                f"The task backend {name} cannot defer a task (run_after): a background "
+                "compaction lost with its worker (killed mid-call) is not retried.",
+                hint="Use django_tasks_db.DatabaseBackend, whose db_worker runs deferred "
+                "tasks, or run `manage.py ctxsum_compact --due` on a schedule.",
+                id="ctxsum.W006",
+            )
+        )
+    return warnings
 
 
 def _summarizer_errors() -> list[CheckMessage]:

@@ -48,8 +48,9 @@ class Defaults:
     # Where a compaction that has to keep fewer than KEEP aims: this fraction of the
     # trigger, so the next append does not compact again at once (0 < ratio < 1).
     TARGET_RATIO: float = 0.5
-    # Hard ceiling on the active context's tokens (None: no ceiling). Reaching past it
-    # compacts, and a compaction keeps fewer messages rather than stay above it.
+    # Hard ceiling on the active context's tokens (None: the model's context window less its
+    # largest reply, policy.default_ceiling). Reaching past it compacts at once, even with no
+    # worker, and a compaction keeps fewer messages rather than stay above it.
     MAX_CONTEXT_TOKENS: int | None = None
     # Chat model of a conversation that names none; also picks the tiktoken encoding.
     DEFAULT_MODEL: str = "gpt-4o-mini"
@@ -82,8 +83,8 @@ class Defaults:
     FACTS_MAX_TOKENS: int = 500
     FACTS_TRIGGER_SHARE: float = 0.05
     # Compact automatically after an append that reaches the trigger: a compaction task is
-    # enqueued once the append commits (COMPACTION_RUNNER). Only a context over
-    # MAX_CONTEXT_TOKENS is compacted at once, in the appending process, after the commit.
+    # enqueued once the append commits (COMPACTION_RUNNER). Only a context over its ceiling
+    # (MAX_CONTEXT_TOKENS) is compacted at once, in the appending process, after the commit.
     AUTO_COMPACT: bool = True
     # What runs an automatic compaction: "tasks" (Django's tasks framework, the task
     # ctxsum.tasks.compact_conversation on the TASKS backend), "celery" (the Celery task in

@@ -44,6 +44,26 @@ KEEP_LEAVES_NO_ROOM = _(
 MAX_CONTEXT_TOKENS_LIMIT = 2**31 - 1
 # The smallest summary length a compaction asks for, in tokens.
 MIN_SUMMARY_BUDGET = 32
+# OpenAI's model families by name prefix: the context window and the largest reply, in
+# tokens, from each model's page at platform.openai.com/docs/models.
+CONTEXT_WINDOWS = {
+    "gpt-5": (400_000, 128_000),
+    "gpt-4.1": (1_047_576, 32_768),
+    "gpt-4o": (128_000, 16_384),
+    "o1-mini": (128_000, 65_536),
+    "o1-preview": (128_000, 32_768),
+    **dict.fromkeys(("o1", "o3", "o4-mini"), (200_000, 100_000)),
+}
+# The window assumed for any other model.
+FALLBACK_WINDOW = (128_000, 16_384)
+
+
+def default_ceiling(model: str) -> int:
+    """The ceiling of a conversation that sets none (MAX_CONTEXT_TOKENS unset): the largest
+    context that leaves ``model`` room for its largest reply, by its family's window."""
+    families = [prefix for prefix in CONTEXT_WINDOWS if model.lower().startswith(prefix)]
+    window, reply = CONTEXT_WINDOWS.get(max(families, key=len, default=""), FALLBACK_WINDOW)
+    return window - reply
 
 
 class Reason(StrEnum):

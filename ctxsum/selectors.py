@@ -12,7 +12,7 @@ from ctxsum.conf import ctxsum_settings
 from ctxsum.hooks import Block, context_blocks, contributed_stats
 from ctxsum.layout import LEADING, SUMMARY, ContextLayout, Part, layout_of
 from ctxsum.models import Conversation, Message, Summary, SummaryQuerySet, single
-from ctxsum.policy import Policy, parse_policy
+from ctxsum.policy import Policy, default_ceiling, parse_policy
 
 # The reads the README documents ("The Python API"), the context's type, and the reads the
 # REST layer and the admin also use.
@@ -103,8 +103,11 @@ def conversation_effective_policy(conversation: Conversation) -> dict[str, Any]:
 
 
 def conversation_policy(conversation: Conversation) -> Policy:
-    """The policy in force for ``conversation``."""
-    return parse_policy(**conversation_effective_policy(conversation))
+    """The policy in force for ``conversation``; with no ceiling set, its model's default."""
+    values = conversation_effective_policy(conversation)
+    model = conversation.model or ctxsum_settings.DEFAULT_MODEL
+    values["max_context_tokens"] = values["max_context_tokens"] or default_ceiling(model)
+    return parse_policy(**values)
 
 
 @dataclass(kw_only=True)

@@ -26,7 +26,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum import services
 from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
-from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin, conversation_link
+from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin, badge, conversation_link
 from ctxsum.admin.forms import EDITABLE, ConversationForm
 from ctxsum.hooks import conversation_rows
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
@@ -49,6 +49,7 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
         "active_tokens_label",
         "tokens_saved_label",
         "last_compaction",
+        "queued",
     )
     list_display_links = None  # the title links the review page, which links the edit form
     list_filter = (
@@ -151,6 +152,15 @@ class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
             date_format(when, "DATETIME_FORMAT"),
             gettext("%(time)s ago") % {"time": timesince(when, depth=1)},
         )
+
+    @admin.display(description=_("queued"))
+    def queued(self, obj: Conversation) -> str:
+        """How long a compaction task has waited without running, once over a minute."""
+        queued_at = services.compaction_queued_at(obj, getattr(obj, "last_attempt_at", None))
+        if queued_at is None:
+            return str(self.get_empty_value_display())
+        hint = gettext("Not run yet: is a task worker running?")
+        return badge("failed", timesince(queued_at, depth=1), hint)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # conversations come from the API and the services

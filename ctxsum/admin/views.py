@@ -31,7 +31,7 @@ from ctxsum.admin.rendering import (
 from ctxsum.conf import ctxsum_settings
 from ctxsum.hooks import CONVERSATION_PAGE, SUMMARY_PAGE, review_panels
 from ctxsum.models import Conversation, Message, Summary
-from ctxsum.selectors import conversation_effective_policy, prompt_sha256
+from ctxsum.selectors import conversation_effective_policy, conversation_policy, prompt_sha256
 
 M = TypeVar("M", bound=Model)
 
@@ -89,12 +89,15 @@ def conversation_review(
     preview = queries.context_preview(conversation)
     page = queries.transcript_page(conversation, request.GET.get("page"))
     policy = conversation_effective_policy(conversation)
+    last_attempt = getattr(conversation, "last_attempt_at", None)  # annotated like a list row
     context = _page(
         model_admin,
         request,
         gettext("Review conversation"),
         subtitle=str(conversation),
         conversation=conversation,
+        queued_at=services.compaction_queued_at(conversation, last_attempt),
+        ceiling=conversation_policy(conversation).max_context_tokens,
         policy={name: json.dumps(value) for name, value in policy.items()},
         default_model=ctxsum_settings.DEFAULT_MODEL,
         leading=message_views([preview.leading]) if preview.leading else [],

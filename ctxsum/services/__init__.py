@@ -7,7 +7,7 @@ behind the edit form, imports with progress, the background compaction's entry p
 The chat turn's writes are the ``ctxsum.chat`` app's own (``ctxsum.chat.services``).
 """
 
-from ctxsum.services.autocompact import conversation_compact_queued
+from ctxsum.services.autocompact import compaction_queued_at, conversation_compact_queued
 from ctxsum.services.compaction import conversation_compact
 from ctxsum.services.conversations import (
     MAX_SUBJECT_CHARS,
@@ -71,6 +71,7 @@ __all__ += [
     "LeaseLost",
     "RecordInvalid",
     "Tally",
+    "compaction_queued_at",
     "error_reason",
     "fields_clean",
     "fingerprint",

@@ -1,7 +1,8 @@
 """The compaction that follows an append when ``AUTO_COMPACT`` is on: a task enqueued once
-the append commits (``COMPACTION_RUNNER``), or, over ``MAX_CONTEXT_TOKENS`` or with the
-``sync`` runner, a compaction in the appending process after the commit; never inside the
-append's transaction (docs/architecture.md, "Background compaction").
+the append commits (``COMPACTION_RUNNER``), or, over the ceiling (``MAX_CONTEXT_TOKENS``, else
+the model's: a backstop when no worker runs the tasks) or with the ``sync`` runner, a
+compaction in the appending process after the commit; never inside the append's transaction
+(docs/architecture.md, "Background compaction").
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ MAX_ROUNDS = 3
 # ``defer(conversation_id, database, run_after, since)`` enqueues the compaction task for
 # ``run_after``; ``since``: the run is the check of a compaction started then.
 Defer = Callable[[str, str, datetime, "str | None"], Any]
+# How long a compaction task may wait unrun before the admin points it out (no worker?).
+QUEUED_LONG = timedelta(minutes=1)
 # Attempts that do not end the compaction a check follows: a turn-away by a live lease (the
 # holder may be the one lost) and an interruption (its worker stopped).
 UNFINISHED = (Reason.IN_PROGRESS, Reason.INTERRUPTED)
@@ -84,9 +87,21 @@ def compaction_due(conversation: Conversation) -> bool:
 
 
 def over_ceiling(conversation: Conversation) -> bool:
-    """Whether the context, from the row's counters, exceeds MAX_CONTEXT_TOKENS."""
+    """Whether the context, from the row's counters, exceeds its ceiling."""
     ceiling = conversation_policy(conversation).max_context_tokens
     return ceiling is not None and conversation.context_tokens > ceiling
+
+
+def compaction_queued_at(
+    conversation: Conversation, last_attempt: datetime | None
+) -> datetime | None:
+    """When the newest compaction task of ``conversation`` was queued (its last change), if
+    over ``QUEUED_LONG`` ago and none has run since: work is due, no live lease, no attempt
+    since (the newest was at ``last_attempt``); else None."""
+    since, expires = conversation.updated_at, lease_expires(conversation)
+    ran = (last_attempt and last_attempt >= since) or (expires and expires > timezone.now())
+    waited = since < timezone.now() - QUEUED_LONG and compaction_due(conversation)
+    return since if ctxsum_settings.AUTO_COMPACT and waited and not ran else None
 
 
 def autocompact_schedule(locked: Conversation) -> Schedule:
