@@ -140,6 +140,9 @@ SPECTACULAR_SETTINGS = {
 # Background compaction: tasks in the project's database, run by `manage.py db_worker`
 # (`make run` starts one beside the web server).
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+# That worker runs beside every server this project documents, so the warning that the
+# backend needs one (ctxsum.W008) is silenced.
+SILENCED_SYSTEM_CHECKS = ["ctxsum.W008"]
 
 # The openai package reads OPENAI_API_KEY and OPENAI_BASE_URL itself.
 _has_openai = bool(os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"))
