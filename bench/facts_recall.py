@@ -36,8 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS_DIR, run_facts, write_json
-from bench.fixed_summary import FIXED_SUMMARY
-from ctxsum.summarizers.offline import OfflineSummarizer
 from tests.support.run_info import load_average
 from tests.support.shared import DATA_DIR
 
@@ -55,18 +53,10 @@ KEEP = {"messages": 6}
 REPORTED = (1, 2, 3, 5, 10, 15, 20)
 SUMMARIZERS = {
     "offline": "ctxsum.summarizers.offline.OfflineSummarizer",
-    "fixed": "bench.facts_recall.FixedFactsSummarizer",
+    "fixed": "bench.fixed_summary.FixedFactsSummarizer",
 }
-# The block's share of the context is reported from this message on, as in issue 21.
+# The block's share of the context is reported from this message on.
 LATE_CALL = 20
-
-
-class FixedFactsSummarizer(OfflineSummarizer):
-    """bench.vs_langchain's fixed summary (no identifiers), with the key facts the offline
-    backend finds in the history."""
-
-    def summarize(self, *, prompt: str, history: str, model: str, budget: int) -> str:
-        return FIXED_SUMMARY
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

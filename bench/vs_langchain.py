@@ -35,6 +35,23 @@ from tests.support.run_info import load_average
 from tests.support.shared import DATA_DIR, DATA_FILES, use_tiktoken_cache
 
 PLOT_SIDES = ("full", "window_12", "langchain", "langchain_in_state", "ctxsum")
+# ctxsum's summarizer backend: the fixed summary with the key facts the offline backend
+# finds (ctxsum's defaults ask for facts and show them), or the fixed summary alone.
+SUMMARIZERS = {
+    "facts": "bench.fixed_summary.FixedFactsSummarizer",
+    "fixed": "bench.fixed_summary.FixedSummarizer",
+}
+
+
+def setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--set``: a CTXSUM key and its value as JSON (else the text)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isupper():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE with a CTXSUM key")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -59,6 +76,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--check",
         action="store_true",
         help="recount every context ctxsum sends and fail on a difference",
+    )
+    parser.add_argument(
+        "--summary",
+        choices=SUMMARIZERS,
+        default="facts",
+        help="ctxsum's summarizer: the fixed summary with the offline backend's key facts "
+        "(default) or alone",
+    )
+    parser.add_argument(
+        "--set",
+        type=setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a CTXSUM setting of ctxsum's side (VALUE as JSON), e.g. FACTS_MAX_TOKENS=0",
     )
     parser.add_argument("--output", type=Path, default=None, metavar="PATH")
     parser.add_argument("--no-plots", action="store_true")
@@ -164,13 +196,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     use_tiktoken_cache()
     started, facts = time.perf_counter(), run_facts()
-    options = Options(args.data_dir, tuple(args.files), args.limit, args.jobs, args.check)
+    ctxsum = (("SUMMARIZER", SUMMARIZERS[args.summary]), *args.set)
+    options = Options(args.data_dir, tuple(args.files), args.limit, args.jobs, args.check, ctxsum)
     rows = run_all(options)
     report = {
         "benchmark": "vs_langchain",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(["python", "-m", "bench.vs_langchain", *argv]),
         "jobs": args.jobs,
+        "ctxsum_settings": dict(ctxsum),
         **facts,
         **build_report(rows, args),
         "wall_seconds": round(time.perf_counter() - started, 1),

@@ -26,6 +26,8 @@ class Options:
     limit: int | None
     jobs: int
     check: bool
+    # ctxsum's side: its summarizer backend and CTXSUM settings over the benchmark's own.
+    ctxsum: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def run_job(job: Job) -> list[dict[str, Any]]:
     options = job.options
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ctxsum-vs-langchain-") as tmp:
-        setup_django(database_url=None, sqlite_dir=Path(tmp))
+        setup_django(database_url=None, sqlite_dir=Path(tmp), ctxsum=dict(options.ctxsum))
         owner = bench_owner(f"ctxsum-vs-langchain-{job.index}")
         last = time.monotonic()
         records = iter_records(options.data_dir, options.files, limit=options.limit)

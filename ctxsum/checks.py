@@ -92,6 +92,19 @@ def _number_errors() -> list[CheckMessage]:
                 id="ctxsum.E009",
             )
         )
+    payoff: object = ctxsum_settings.REQUIRE_PAYOFF  # as given, maybe not a bool
+    if not isinstance(payoff, bool):
+        errors.append(Error("CTXSUM['REQUIRE_PAYOFF'] must be True or False.", id="ctxsum.E009"))
+    landing: object = ctxsum_settings.LANDING
+    if landing not in policy.LANDINGS:
+        errors.append(
+            Error(
+                f"CTXSUM['LANDING'] must be one of {', '.join(map(repr, policy.LANDINGS))}, "
+                f"not {landing!r}.",
+                hint=f"The default is {DEFAULTS['LANDING']!r}.",
+                id="ctxsum.E009",
+            )
+        )
     for key in ("PROMPT", "PROMPT_VERSION", "SUMMARY_PREFIX"):
         value = getattr(ctxsum_settings, key)
         if not isinstance(value, str) or not value.strip():

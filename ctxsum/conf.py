@@ -45,9 +45,16 @@ class Defaults:
     # The most to keep verbatim: exactly one of {"messages": N} or {"tokens": N}. When
     # keeping it would leave the context at the trigger, fewer messages are kept.
     KEEP: dict[str, int] = {"messages": 10}
-    # Where a compaction that has to keep fewer than KEEP aims: this fraction of the
-    # trigger, so the next append does not compact again at once (0 < ratio < 1).
+    # Where a compaction lands: "target" keeps at most KEEP, fewer when needed for the
+    # context to land at TARGET_RATIO of the trigger (and of the ceiling), so that it has
+    # room to grow before the next compaction; "keep" keeps all of KEEP unless that leaves
+    # the context at the trigger, and only then aims at TARGET_RATIO.
+    LANDING: str = "target"
     TARGET_RATIO: float = 0.5
+    # A compaction that is due is skipped (reason "no_payoff") when its summarizer call would
+    # cost more tokens than the smaller context saves before the trigger is reached again;
+    # over the ceiling, or forced, it is made anyway. False: compact whenever due.
+    REQUIRE_PAYOFF: bool = True
     # Hard ceiling on the active context's tokens (None: the model's context window less its
     # largest reply, policy.default_ceiling). Reaching past it compacts at once, even with no
     # worker, and a compaction keeps fewer messages rather than stay above it.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -42,6 +42,15 @@ KEEP_LEAVES_NO_ROOM = _(
 )
 # The largest max_context_tokens a conversation can store (its column's range everywhere).
 MAX_CONTEXT_TOKENS_LIMIT = 2**31 - 1
+# The landing rules (``Sizing.landing``, the LANDING setting).
+TARGET_LANDING, KEEP_LANDING = "target", "keep"
+LANDINGS = (TARGET_LANDING, KEEP_LANDING)
+# How many later model calls must repay a compaction's summarizer call (``Payoff``): how
+# long a conversation runs on is unknown, so a compaction is made only when it pays back
+# quickly. Chosen on the real conversations of docs/PERFORMANCE.md (section 1): with 4,
+# short dialogues never cost more than sending them whole, and agent runs, whose tool
+# results are large, compact as soon as they are due.
+PAYBACK_CALLS = 4
 # The smallest summary length a compaction asks for, in tokens.
 MIN_SUMMARY_BUDGET = 32
 # OpenAI's model families by name prefix: the context window and the largest reply, in
@@ -72,6 +81,8 @@ class Reason(StrEnum):
     BELOW_TRIGGER = "below_trigger"
     NOTHING_TO_SUMMARIZE = "nothing_to_summarize"
     NO_GAIN = "no_gain"
+    # Due, but the summarizer call would cost more than the smaller context saves.
+    NO_PAYOFF = "no_payoff"
     IN_PROGRESS = "in_progress"
     CONFLICT = "conflict"
     DRY_RUN = "dry_run"
@@ -370,9 +381,18 @@ class Sizing:
     """What the planner knows of summaries, and how far below the trigger it aims."""
 
     target_ratio: float = 0.5
+    # "target": keep fewer than ``keep`` when needed to land at ``target_ratio``; "keep":
+    # only when keeping all of it would leave the context at the trigger.
+    landing: str = "target"
     summary_max_tokens: int = 1024
     # Tokens of the summary message besides the summary text (role framing, prefix).
     summary_overhead: int = 0
+    # Tokens every summarizer call costs besides the history and the summary (its
+    # instruction, the facts of its answer); None: a compaction that is due is made whether
+    # or not it pays (``Payoff``). ``blocks_growth``: tokens the contributed blocks are
+    # expected to grow by after it (the facts it brings).
+    prompt_tokens: int | None = None
+    blocks_growth: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,10 +411,25 @@ class Plan:
     tokens_after: int
     summary_budget: int = 0
     over_trigger: bool = False
+    payoff: Payoff | None = None
 
     @property
     def compacts(self) -> bool:
         return self.reason == Reason.COMPACTED
+
+
+@dataclass(frozen=True, kw_only=True)
+class Payoff:
+    """What a compaction is estimated to save and cost, in billed tokens: ``saved`` off
+    every later call (the context's shrink), against ``cost``, its summarizer call's input
+    and output. It pays when ``PAYBACK_CALLS`` calls repay the cost."""
+
+    saved: int
+    cost: int
+
+    @property
+    def pays(self) -> bool:
+        return self.saved * PAYBACK_CALLS >= self.cost
 
 
 Incoming = tuple[int, int]  # messages joining the context after a compaction: count, tokens
@@ -413,9 +448,15 @@ def plan_compaction(
     its body messages (OpenAI format), for the tool boundaries. ``force`` ignores the
     trigger but still honours retention and tool boundaries.
 
-    ``keep`` is the most that stays verbatim: when it would leave the context at the
-    trigger (or ceiling), fewer are kept so the result lands at ``target_ratio`` of it;
-    never fewer than the newest message and its tool round (then ``over_trigger``).
+    A compaction that is due but would not pay for itself (``Payoff``; ``sizing`` sets
+    what a summarizer call costs) is not made (``no_payoff``), unless forced or over the
+    ceiling.
+
+    ``keep`` is the most that stays verbatim: fewer are kept when needed for the result to
+    land at ``target_ratio`` of the trigger (and of the ceiling), so that the context has
+    room to grow before the next compaction; never fewer than the newest message and its
+    tool round. When no cut lands there, all of ``keep`` unless that leaves the context at
+    the trigger (then the newest round alone, and ``over_trigger`` if still over).
     ``incoming`` (count, tokens): messages joining the context right after it (a chat turn's
     message and reply), which the trigger, the ceiling and the target count too.
     """
@@ -425,7 +466,13 @@ def plan_compaction(
     due = estimate.over(layout.message_count, estimate.tokens_before)
     if not force and not due:
         return estimate.unchanged(Reason.BELOW_TRIGGER)
-    return _cut(estimate, _ToolBoundaries(body, 0), due=due)
+    plan = _cut(estimate, _ToolBoundaries(body, 0), due=due)
+    if force or not plan.compacts or sizing.prompt_tokens is None or estimate.over_ceiling():
+        return plan
+    payoff = estimate.payoff(plan)
+    if payoff.pays:
+        return replace(plan, payoff=payoff)
+    return replace(estimate.unchanged(Reason.NO_PAYOFF), payoff=payoff)
 
 
 def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Plan:
@@ -436,20 +483,23 @@ def _cut(estimate: _Estimates, boundaries: _ToolBoundaries, *, due: bool) -> Pla
     if last <= 0:
         return estimate.unchanged(Reason.NOTHING_TO_SUMMARIZE)
     cutoff = min(boundaries.safe(retention_cutoff(estimate.tokens, start=0, keep=keep)), last)
-    if cutoff > 0:
-        preferred = estimate.compaction(cutoff)
-        if not preferred.over_trigger:
-            return preferred
-    elif not due:
+    preferred = estimate.compaction(cutoff) if cutoff > 0 else None
+    if preferred is not None and estimate.lands(preferred, keeping=True):
+        return preferred
+    if preferred is None and not due:
         # A forced compaction of a context whose every message retention keeps.
         return estimate.unchanged(Reason.NOTHING_TO_SUMMARIZE)
-    # Keeping all of ``keep`` would leave the context at the trigger: keep fewer, cutting
-    # only between tool rounds, until the result lands at the target.
+    # Keeping all of ``keep`` would leave the context above the target: keep fewer, cutting
+    # only between tool rounds, until the result lands there.
     for candidate in range(cutoff + 1, last):
         if boundaries.safe(candidate) == candidate:
             option = estimate.compaction(candidate)
             if estimate.lands(option):
                 return option
+    # No cut lands at the target (the pinned parts alone are that large): keep all of
+    # ``keep`` unless that leaves the context at the trigger.
+    if preferred is not None and not preferred.over_trigger:
+        return preferred
     return estimate.compaction(last)
 
 
@@ -478,6 +528,23 @@ class _Estimates:
         """Whether a context of this size, with the incoming messages, reaches the trigger
         or exceeds the ceiling."""
         return self.policy.over(count + self.incoming[0], tokens + self.incoming[1])
+
+    def over_ceiling(self) -> bool:
+        """Whether the context, with the incoming messages, exceeds the ceiling: then it is
+        compacted whether or not that pays."""
+        ceiling = self.policy.max_context_tokens
+        return ceiling is not None and self.tokens_before + self.incoming[1] > ceiling
+
+    def payoff(self, plan: Plan) -> Payoff:
+        """``plan``'s savings a call, and the cost of its summarizer call. The new summary is
+        expected at the size of the summary so far (a first one at its budget); the
+        summarizer reads its instruction, that summary and the archived messages, and
+        writes the new one; the contributed blocks grow by ``blocks_growth``."""
+        summary = self.previous or plan.summary_budget
+        replaced = self.archived[self.count - plan.kept]
+        cost = (self.sizing.prompt_tokens or 0) + self.previous + replaced + summary
+        saved = plan.tokens_before - plan.tokens_after + plan.summary_budget - summary
+        return Payoff(saved=saved - self.sizing.blocks_growth, cost=cost)
 
     def unchanged(self, reason: Reason) -> Plan:
         return self._plan(reason, 0, self.layout.message_count, self.tokens_before)
@@ -512,9 +579,12 @@ class _Estimates:
         )
         return self._plan(Reason.COMPACTED, cutoff, count_after, tokens_after, budget)
 
-    def lands(self, plan: Plan) -> bool:
+    def lands(self, plan: Plan, *, keeping: bool = False) -> bool:
         """Whether a plan, with the incoming messages, lands at ``target_ratio`` of the
-        trigger and the ceiling."""
+        trigger and the ceiling; ``keeping`` all of ``keep`` with the "keep" landing, below
+        the trigger is enough."""
+        if keeping and self.sizing.landing == KEEP_LANDING:
+            return not plan.over_trigger
         ratio, ceiling = self.sizing.target_ratio, self.policy.max_context_tokens
         count = plan.message_count_after + self.incoming[0]
         tokens = plan.tokens_after + self.incoming[1]

@@ -22,6 +22,28 @@ def _fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+# The suite's conversations are small by design (a few short messages over a small
+# trigger), their compactions there to show the mechanics: unless a test is marked
+# ``ctxsum_defaults``, they compact whenever due and keep all of KEEP, a test's own CTXSUM
+# dict included. The defaults, a compaction only when it pays and the "target" landing, have
+# tests of their own (tests/test_payoff.py, tests/test_policy.py). tests/settings.py says the
+# same for the processes tests start.
+SUITE_DEFAULTS = {"REQUIRE_PAYOFF": False, "LANDING": "keep"}
+
+
+@pytest.fixture(autouse=True)
+def _mechanics_defaults(request, monkeypatch):
+    if request.node.get_closest_marker("ctxsum_defaults"):
+        return
+    from ctxsum.conf import DEFAULTS, ctxsum_settings
+
+    for key, value in SUITE_DEFAULTS.items():
+        monkeypatch.setitem(DEFAULTS, key, value)
+    ctxsum_settings.reload()
+    yield
+    ctxsum_settings.reload()
+
+
 @pytest.fixture
 def assert_queries_at_most(django_assert_max_num_queries):
     """``with assert_queries_at_most(budget.APPEND):`` fails, listing the queries, when the

@@ -20,7 +20,9 @@ else:
     _other = {**_default, "TEST": {"NAME": f"test_{_default['NAME']}_other"}}
 DATABASES = {"default": _default, "other": _other}
 
-CTXSUM = {**CTXSUM, "AUTO_COMPACT": False}
+# As tests/conftest.py has it for the tests themselves (SUITE_DEFAULTS): the suite's small
+# conversations compact whenever due and keep all of KEEP.
+CTXSUM = {**CTXSUM, "AUTO_COMPACT": False, "REQUIRE_PAYOFF": False, "LANDING": "keep"}
 # The tasks framework: django.tasks from Django 6.0, the django_tasks backport before it.
 TASKS_MODULE = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
 TASKS = {"default": {"BACKEND": f"{TASKS_MODULE}.backends.dummy.DummyBackend"}}

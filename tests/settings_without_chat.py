@@ -13,4 +13,9 @@ INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "ctxsum.chat"]
 DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["CTXSUM_TEST_DB"]}
 }
-CTXSUM = {"SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer", "AUTO_COMPACT": False}
+# As tests/settings.py: the small conversation compacts whenever due.
+CTXSUM = {
+    "SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer",
+    "AUTO_COMPACT": False,
+    "REQUIRE_PAYOFF": False,
+}

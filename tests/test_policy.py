@@ -83,7 +83,9 @@ def plan_compaction(
     **options: Any,
 ) -> Sent:
     """The plan of a context given as sent: its pinned messages first, then the body, whose
-    seqs are the messages' indices."""
+    seqs are the messages' indices. With the "keep" landing unless ``sizing`` is given: the
+    "target" landing has tests of its own (``target``)."""
+    options.setdefault("sizing", Sizing(landing="keep"))
     kinds = [LEADING] * leading + [SUMMARY] * has_summary + ["facts"] * has_facts
     start = len(kinds)
     layout = ContextLayout(
@@ -505,7 +507,44 @@ def test_keep_is_honoured_when_it_leaves_the_context_below_the_trigger() -> None
     plan = plan_compaction(messages, tokens, leading=True, has_summary=False, policy=rule)
     assert plan.compacts and not plan.over_trigger
     assert plan.cutoff == 11
-    assert 300 < plan.tokens_after < 600  # over the target, but KEEP is what was asked for
+    assert 300 < plan.tokens_after < 600  # over the target, but the "keep" landing keeps
+
+
+def target(messages: list[Message], tokens: list[int], rule: Policy, **options: Any) -> Sent:
+    """The forced plan with the "target" landing (the default) unless ``sizing`` says."""
+    options.setdefault("sizing", Sizing())
+    return plan_compaction(
+        messages, tokens, leading=True, has_summary=False, policy=rule, force=True, **options
+    )
+
+
+def test_the_target_landing_keeps_fewer_than_keep_to_land_at_the_target() -> None:
+    messages = [system_message(), *turns(20)]
+    rule = policy({"tokens": 600}, {"messages": 10})
+    plan = target(messages, [10, *[20] * 20], rule)
+    # Keeping 10 leaves 10 + 100 + 200 + 3 = 313, keeping 9 10 + 110 + 180 + 3 = 303: over
+    # the target of 300 (the summary's budget grows with what is archived). 8 land.
+    assert plan.compacts and plan.kept == 8 and plan.tokens_after == 10 + 120 + 160 + 3
+    lighter = target(messages, [10, *[19] * 20], rule)
+    # 10 + 95 + 190 + 3 = 298 lands: all 10 are kept.
+    assert lighter.cutoff == 11 and lighter.tokens_after == 298
+
+
+def test_the_target_landing_keeps_all_of_keep_when_no_cut_lands() -> None:
+    messages = [system_message(), *turns(6)]
+    rule = policy({"tokens": 600}, {"messages": 2})
+    plan = target(messages, [400, *[20] * 6], rule)
+    # The system message alone is over the target of 300: keeping fewer than 2 would not
+    # land either, so both stay.
+    assert plan.compacts and plan.cutoff == 5 and not plan.over_trigger
+
+
+def test_a_message_trigger_lands_at_the_target_with_the_target_landing() -> None:
+    messages = [system_message(), *turns(12)]
+    rule = policy({"messages": 12}, {"messages": 6})
+    plan = target(messages, [10] * 13, rule)
+    # The target is 6 messages: the system message, the summary and 4 kept.
+    assert plan.message_count_after == 6 and plan.kept == 4
 
 
 def test_keeping_fewer_never_splits_a_tool_round() -> None:
@@ -744,6 +783,7 @@ def test_reason_values_are_stable() -> None:
         "summary_truncated",
         "error",
         "interrupted",
+        "no_payoff",
     }
     assert Reason.COMPACTED == "compacted"
 

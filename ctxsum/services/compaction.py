@@ -25,13 +25,24 @@ from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, sin
 from ctxsum.policy import Incoming, Plan, Policy, Reason, Sizing, failure_reason, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
 from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
-from ctxsum.services.summaries import Written, summary_coverage, summary_size, summary_write
+from ctxsum.services.summaries import (
+    Written,
+    payoff_sizing,
+    summary_coverage,
+    summary_size,
+    summary_write,
+)
 from ctxsum.services.transactions import after_commit, write_db
 
 logger = logging.getLogger("ctxsum.compaction")
 
 # Reasons recorded as skipped attempts; below_trigger is the normal case and is not recorded.
-RECORDED_SKIPS = (Reason.NOTHING_TO_SUMMARIZE, Reason.IN_PROGRESS, Reason.NO_GAIN)
+RECORDED_SKIPS = (
+    Reason.NOTHING_TO_SUMMARIZE,
+    Reason.IN_PROGRESS,
+    Reason.NO_GAIN,
+    Reason.NO_PAYOFF,
+)
 Outcome = CompactionAttempt.Outcome
 
 
@@ -111,13 +122,22 @@ def _snapshot(conversation: Conversation, *, force: bool, incoming: Incoming) ->
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     context = context_get(conversation=conversation)
     policy = conversation_policy(conversation)
+    prompt_tokens, blocks_growth = payoff_sizing(conversation)
     sizing = Sizing(
         target_ratio=ctxsum_settings.TARGET_RATIO,
+        landing=ctxsum_settings.LANDING,
         summary_max_tokens=ctxsum_settings.SUMMARY_MAX_TOKENS,
         summary_overhead=summary_size("", conversation),
+        prompt_tokens=prompt_tokens,
+        blocks_growth=blocks_growth,
     )
     plan = plan_compaction(
-        context.layout, context.body, policy=policy, force=force, sizing=sizing, incoming=incoming
+        context.layout,
+        context.body,
+        policy=policy,
+        force=force,
+        sizing=sizing,
+        incoming=incoming,
     )
     archive = plan.archive
     archived = [row for row in context.body_rows if archive and row.seq in archive]

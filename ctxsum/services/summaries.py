@@ -4,6 +4,7 @@ No database writes: the compaction commits what it wrote.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,12 +16,14 @@ from ctxsum import coverage, formatting, tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
 from ctxsum.exceptions import SummarizerError
+from ctxsum.hooks import summary_facts_wanted
 from ctxsum.models import Conversation, Message, Summary
+from ctxsum.policy import MIN_SUMMARY_BUDGET
 from ctxsum.selectors import summary_message
 from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers import get_summarizer
 from ctxsum.summarizers.base import BLANK_SUMMARY
-from ctxsum.summarizers.facts import ProposedFact
+from ctxsum.summarizers.facts import ASKED_FACTS, ProposedFact
 
 # Room kept in every summarizer call for the summary so far and the instruction's framing.
 MIN_CHUNK_BUDGET = 256
@@ -28,6 +31,11 @@ BUDGET_TOO_SMALL = _(
     "SUMMARY_INPUT_BUDGET leaves {budget} tokens for history after the prompt and the "
     "summary so far; raise it."
 )
+# Tokens of one key fact in a summarizer's answer, about: {"key": …, "value": …,
+# "source_seqs": […]} with a short key and value.
+FACT_ANSWER_TOKENS = 20
+# And as a line of the facts block ("- key: value"), about.
+FACT_LINE_TOKENS = 8
 # Told to the model after the prompt: the summary's length budget for this compaction.
 LENGTH_BUDGET = "Keep the summary under {tokens} tokens (about {words} words)."
 # Before the reasons of a call when a summary took several.
@@ -69,6 +77,28 @@ def history_room(prompt: str, count: Callable[[str], int]) -> int:
 def summary_size(text: str, conversation: Conversation) -> int:
     """Tokens of a summary's text as the context message it becomes."""
     return tokens.count_message(summary_message(text), model=conversation.model or None)
+
+
+def payoff_sizing(conversation: Conversation) -> tuple[int | None, int]:
+    """What a compaction's ``Payoff`` counts besides the history and the summary (``Sizing``'s
+    fields; None with REQUIRE_PAYOFF off): ``prompt_tokens``, a summarizer call's instruction
+    as a system message, the history's message framing, and the key facts of its answer when
+    an app takes them (``ASKED_FACTS`` at ``FACT_ANSWER_TOKENS``); ``blocks_growth``, the
+    tokens those facts then add to the facts block of every later call (at most
+    FACTS_MAX_TOKENS)."""
+    if not ctxsum_settings.REQUIRE_PAYOFF:
+        return None, 0
+    instruction = get_summarizer().facts_instruction() if summary_facts_wanted() else ""
+    prompt = summary_prompt(MIN_SUMMARY_BUDGET, instruction)
+    facts = ASKED_FACTS if instruction else 0
+    overhead = _call_overhead(prompt, conversation.model or None) + facts * FACT_ANSWER_TOKENS
+    return overhead, min(facts * FACT_LINE_TOKENS, ctxsum_settings.FACTS_MAX_TOKENS)
+
+
+@functools.lru_cache(maxsize=64)
+def _call_overhead(prompt: str, model: str | None) -> int:
+    sent = [{"role": "system", "content": prompt}, {"role": "user", "content": ""}]
+    return tokens.context_tokens(tokens.count_message(message, model=model) for message in sent)
 
 
 def summary_write(

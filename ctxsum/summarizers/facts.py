@@ -23,6 +23,9 @@ MAX_VALUE_CHARS = 2000
 
 # Facts one answer may propose; the rest are dropped (and said so).
 MAX_FACTS = 50
+# Facts a summarizer is asked for in one answer (each costs output tokens, and the block
+# shows a few of them): the newest of the messages it summarizes.
+ASKED_FACTS = 10
 # Reasons kept in Summary.facts_skipped; more are counted, not listed.
 MAX_REASONS = 20
 

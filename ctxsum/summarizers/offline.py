@@ -13,7 +13,7 @@ from ctxsum import coverage
 from ctxsum.exceptions import SummarizerError
 from ctxsum.hooks import summary_facts_wanted
 from ctxsum.summarizers.base import BLANK_INPUT, Summarizer, SummaryAnswer
-from ctxsum.summarizers.facts import MAX_FACTS, MAX_KEY_CHARS, MAX_VALUE_CHARS, ProposedFact
+from ctxsum.summarizers.facts import ASKED_FACTS, MAX_KEY_CHARS, MAX_VALUE_CHARS, ProposedFact
 from ctxsum.tokens import count_text, encoding_for
 
 MAX_SENTENCE_CHARS = 300
@@ -241,11 +241,12 @@ def _fact_units(blocks: list[_Block]) -> list[_Unit]:
 
 
 def _key_facts(blocks: list[_Block]) -> tuple[ProposedFact, ...]:
-    """The key facts of the blocks that name their message's seq, in the order first seen:
-    one per ``kind:value`` key, its text as first written, the seqs of every message that
-    holds it; at most ``MAX_FACTS``."""
+    """The key facts of the blocks that name their message's seq: one per ``kind:value``
+    key, its text as first written, the seqs of every message that holds it; the
+    ``ASKED_FACTS`` mentioned last, in the order first seen."""
     values: dict[str, str] = {}
     sources: dict[str, set[int]] = {}
+    recent: dict[str, None] = {}  # the keys by their latest mention, the oldest first
     for block in blocks:
         if block.seq is None:
             continue  # a fact must cite its message
@@ -254,13 +255,15 @@ def _key_facts(blocks: list[_Block]) -> tuple[ProposedFact, ...]:
             key = coverage.fact_key(kind, text)
             if kind not in FACT_KINDS or len(key) > MAX_KEY_CHARS or len(text) > MAX_VALUE_CHARS:
                 continue
-            if key not in values and len(values) >= MAX_FACTS:
-                continue
             values.setdefault(key, " ".join(text.split()))
             sources.setdefault(key, set()).add(block.seq)
+            recent.pop(key, None)
+            recent[key] = None
+    latest = set(list(recent)[-ASKED_FACTS:])
     return tuple(
         ProposedFact(key=key, value=value, source_seqs=tuple(sorted(sources[key])))
         for key, value in values.items()
+        if key in latest
     )
 
 

@@ -20,6 +20,7 @@ from ctxsum.exceptions import SummarizerError, SummaryTruncated
 from ctxsum.hooks import summary_facts_wanted
 from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer, SummaryAnswer
+from ctxsum.summarizers.facts import ASKED_FACTS
 
 # Every option this backend takes, with the types its value may have.
 _OPTION_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
@@ -69,7 +70,7 @@ _FACTS_WHAT = (
     'short snake_case name of what it is (order_id, email, delivery_date), a "value", '
     'the fact as the messages state it, and "source_seqs", the seq attributes of the '
     "messages it comes from. Only facts that the messages tagged with a seq state, not "
-    "those of the summary so far; at most 30."
+    f"those of the summary so far; at most {ASKED_FACTS}, the latest ones."
 )
 FACTS_INSTRUCTIONS = {
     "tagged": (
