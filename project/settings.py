@@ -12,6 +12,8 @@ import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# The compaction trigger of the demo, in tokens of active context (CTXSUM_TRIGGER_TOKENS).
+DEMO_TRIGGER_TOKENS = 1000
 
 env = environ.Env(
     DEBUG=(bool, True),
@@ -21,6 +23,10 @@ env = environ.Env(
     CTXSUM_LEASE_SECONDS=(float, None),
     # Comma-separated models the chat turn falls back to, in order.
     CTXSUM_CHAT_FALLBACK_MODELS=(list, []),
+    # A trigger suited to a demo (ctxsum's own default is 12,000 tokens): a chat of short
+    # questions answered by the stand-in model compacts within 20 turns
+    # (tests/test_demo_trigger.py), one with a real model's longer replies sooner.
+    CTXSUM_TRIGGER_TOKENS=(int, DEMO_TRIGGER_TOKENS),
 )
 if (BASE_DIR / ".env").exists():
     environ.Env.read_env(BASE_DIR / ".env")
@@ -80,6 +86,13 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The task worker writes beside the web server. Each transaction takes SQLite's write
+    # lock as it begins, waiting up to 20 seconds for it: two writers then queue, where
+    # two that each began by reading would have one fail with "database is locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"transaction_mode": "IMMEDIATE", "timeout": 20}
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -155,6 +168,7 @@ _summarizer = env("CTXSUM_SUMMARIZER", default="openai" if _has_openai else "off
 CTXSUM = {
     "SUMMARIZER": _SUMMARIZERS.get(_summarizer, _summarizer),
     "SUMMARY_MODEL": env("CTXSUM_SUMMARY_MODEL", default="gpt-4o-mini"),
+    "TRIGGER": {"tokens": env("CTXSUM_TRIGGER_TOKENS")},
     # The chat turn's primary model (a conversation's own model comes first).
     "DEFAULT_MODEL": env("CTXSUM_CHAT_MODEL", default="gpt-4o"),
     "CHAT_FALLBACK_MODELS": env("CTXSUM_CHAT_FALLBACK_MODELS"),

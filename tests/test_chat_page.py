@@ -1,17 +1,22 @@
 """The example project's chat page in headless Chromium: a reply streamed from a local
 OpenAI-compatible server appears piece by piece and is stored; the active context beside it
-shows the system prompt, the summary (marked) and the recent messages; nothing is loaded
+shows the system prompt, the summary (marked) and the recent messages, and follows a
+compaction that the task worker lands after a turn, with no reload; the log holds the whole
+transcript, its latest page first and older ones as it is scrolled up; nothing is loaded
 from outside 127.0.0.1. It saves docs/images/chat.png with SCREENSHOTS_DIR=docs/images."""
 
 from __future__ import annotations
 
 import os
+from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.core.management import call_command
 from django.urls import reverse
 
 from ctxsum import selectors, services
+from ctxsum.tokens import count_message
 from tests.support.browser import (
     WAIT_SECONDS,
     chromium,
@@ -96,6 +101,125 @@ def test_the_chat_page_streams_a_reply_beside_the_active_context(
     folder.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(folder / "chat.png"))
     assert (folder / "chat.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.fixture
+def task_worker(chat_model, settings):
+    """AUTO_COMPACT on with the tasks runner on the example project's task backend
+    (django-tasks-db): a turn's compaction task waits in the database until the test runs
+    ``manage.py db_worker --batch``, as ``make run``'s worker runs it a moment later."""
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "tasks"}
+    settings.TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+
+    def run() -> None:
+        call_command("db_worker", "--batch", "--no-startup-delay", "--no-reload", stdout=StringIO())
+
+    return run
+
+
+@needs_chromium
+def test_the_context_panel_shows_a_compaction_the_worker_lands_after_the_reply(
+    browser, live_server, django_user_model, chat_model, task_worker
+):
+    from django_tasks_db.models import DBTaskResult
+    from selenium.webdriver.common.by import By
+
+    chat_model.reply = REPLY
+    user = django_user_model.objects.create_user("ana", password="pw-ana", is_staff=True)
+    conversation = services.conversation_create(
+        owner=user, title="Lisbon trip", system="You are a travel assistant.", messages=HISTORY
+    )
+    # A trigger the question alone stays under and the question with its reply reaches:
+    # the turn queues a compaction once it is stored, none runs before the model call.
+    question = {"role": "user", "content": "What should I pack?"}
+    stored = selectors.context_get(conversation=conversation).token_count
+    room = count_message(question, model=conversation.model or "gpt-4o") + 5
+    services.conversation_update(
+        conversation=conversation, trigger={"tokens": stored + room}, keep={"messages": 2}
+    )
+    base = local_url(live_server)
+    log_in(browser, base, "ana", "pw-ana")
+    browser.get(base + reverse("chat") + f"?c={conversation.pk}")
+    _wait(browser, lambda d: "25 minutes" in d.find_element(By.ID, "context").text, "context")
+    browser.execute_script("window.sameDocument = true;")
+
+    browser.find_element(By.ID, "text").send_keys(question["content"])
+    browser.find_element(By.ID, "go").click()
+    _wait(browser, lambda d: "Stored." in d.find_element(By.ID, "status").text, "stored")
+    _wait(browser, lambda d: "queued" in d.find_element(By.ID, "background").text, "queued")
+    assert "compacted first" not in browser.find_element(By.ID, "status").text
+    assert not browser.find_elements(By.CSS_SELECTOR, "#context li.summary")
+
+    # The worker runs the queued task after the reply.
+    [task] = DBTaskResult.objects.all()
+    assert task.status == "READY" and task.task_path == "ctxsum.tasks.compact_conversation"
+    chat_model.reply = SUMMARY
+    task_worker()
+    assert DBTaskResult.objects.get(pk=task.pk).status == "SUCCESSFUL"
+
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#context li.summary"), "summary")
+    summary = browser.find_element(By.CSS_SELECTOR, "#context li.summary")
+    assert "summary v1" in summary.text and SUMMARY in summary.text
+    landed = browser.find_element(By.ID, "background").text
+    assert "Compacted in the background: summary v1" in landed
+    context = browser.find_elements(By.CSS_SELECTOR, "#context li")
+    assert REPLY in context[-1].text and "25 minutes" not in context[-1].text
+    assert browser.execute_script("return window.sameDocument === true;")
+
+
+def _log_bodies(driver) -> list[str]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#log .message .body')].map((e) => e.textContent);"
+    )
+
+
+@needs_chromium
+def test_after_a_reload_the_log_holds_the_whole_transcript_older_pages_on_scroll(
+    browser, live_server, django_user_model, offline_summarizer
+):
+    from selenium.webdriver.common.by import By
+
+    user = django_user_model.objects.create_user("ana", password="pw-ana", is_staff=True)
+    said = [f"Message {n}: about the Lisbon trip, day {n % 7 + 1}." for n in range(100)]
+    conversation = services.conversation_create(
+        owner=user,
+        title="A long one",
+        system="You are a travel assistant.",
+        messages=[
+            {"role": "user" if n % 2 == 0 else "assistant", "content": text}
+            for n, text in enumerate(said)
+        ],
+        keep={"messages": 4},
+    )
+    assert services.conversation_compact(conversation=conversation, force=True).compacted
+    transcript = [row.as_openai() for row in selectors.transcript_list(conversation=conversation)]
+    assert len(transcript) == 101  # four pages of 30 on the page
+    base = local_url(live_server)
+    log_in(browser, base, "ana", "pw-ana")
+
+    browser.get(base + reverse("chat") + f"?c={conversation.pk}")
+    _wait(browser, lambda d: said[-1] in _log_bodies(d), "latest page")
+    shown = _log_bodies(browser)
+    assert said[0] not in shown and len(shown) < len(transcript)
+    assert shown == [message["content"] for message in transcript[-len(shown) :]]
+    log = browser.find_element(By.ID, "log")
+    below = "const e = arguments[0]; return e.scrollHeight - e.scrollTop - e.clientHeight;"
+    assert browser.execute_script(below, log) < 5  # scrolled to the latest message
+    # The active messages are shown as they are, the archived ones with their summary.
+    assert "in summary v1" not in browser.find_elements(By.CSS_SELECTOR, "#log .message")[-1].text
+
+    # Scrolling to the top brings older pages, in order, until the first message.
+    for _ in range(10):
+        if transcript[0]["content"] in _log_bodies(browser):
+            break
+        count = len(_log_bodies(browser))
+        browser.execute_script("arguments[0].scrollTop = 0;", log)
+        _wait(browser, lambda d, count=count: len(_log_bodies(d)) > count, "older page")
+    assert _log_bodies(browser) == [message["content"] for message in transcript]
+    assert "The start of the conversation." in browser.find_element(By.ID, "older").text
+    first_archived = browser.find_elements(By.CSS_SELECTOR, "#log .message")[1]
+    assert "archived" in first_archived.get_attribute("class")
+    assert "in summary v1" in first_archived.text
 
 
 def test_the_chat_page_needs_a_login(client):
