@@ -53,8 +53,9 @@ def setup_django(
     ctxsum: Mapping[str, Any] | None = None,
 ) -> None:
     """Configure Django for a benchmark: the example project's settings, its own database
-    (``database_url``, else the SQLite file ``replay.db`` in ``sqlite_dir``, WAL), the
-    fixed-size summarizer, o200k_base, no automatic compaction, then ``ctxsum`` on top;
+    (``database_url``, else the SQLite file ``replay.db`` in ``sqlite_dir``, WAL), ctxsum's
+    default trigger, the fixed-size summarizer, o200k_base, no automatic compaction, then
+    ``ctxsum`` on top;
     then migrate (unless ``migrate`` is false: a second process on the same database).
 
     ``sqlite_immediate``: SQLite transactions start with ``BEGIN IMMEDIATE`` (Django's
@@ -70,8 +71,12 @@ def setup_django(
         database["OPTIONS"] = {**database.get("OPTIONS", {}), "transaction_mode": "IMMEDIATE"}
     settings.DATABASES = {"default": database}
     settings.DEBUG = False
+    from ctxsum.conf import Defaults
+
     settings.CTXSUM = {
         **(getattr(settings, "CTXSUM", None) or {}),
+        # ctxsum's trigger, not the example project's demo one (CTXSUM_TRIGGER_TOKENS).
+        "TRIGGER": Defaults.TRIGGER,
         "SUMMARIZER": FIXED_SUMMARIZER,
         "ENCODING": ENCODING,
         "AUTO_COMPACT": False,

@@ -22,25 +22,21 @@ def _fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-# The suite's conversations are small by design (a few short messages over a small
-# trigger), their compactions there to show the mechanics: unless a test is marked
-# ``ctxsum_defaults``, they compact whenever due and keep all of KEEP, a test's own CTXSUM
-# dict included. The defaults, a compaction only when it pays and the "target" landing, have
-# tests of their own (tests/test_payoff.py, tests/test_policy.py). tests/settings.py says the
-# same for the processes tests start.
-SUITE_DEFAULTS = {"REQUIRE_PAYOFF": False, "LANDING": "keep"}
-
-
 @pytest.fixture(autouse=True)
-def _mechanics_defaults(request, monkeypatch):
-    if request.node.get_closest_marker("ctxsum_defaults"):
+def _ctxsum_defaults(request, monkeypatch):
+    """ctxsum's own defaults for a test marked ``ctxsum_defaults``, in place of the suite's
+    (tests/settings.py, SUITE_DEFAULTS)."""
+    if not request.node.get_closest_marker("ctxsum_defaults"):
+        yield
         return
-    from ctxsum.conf import DEFAULTS, ctxsum_settings
+    from ctxsum.conf import DEFAULTS, Defaults, ctxsum_settings
+    from tests.settings import SUITE_DEFAULTS
 
-    for key, value in SUITE_DEFAULTS.items():
-        monkeypatch.setitem(DEFAULTS, key, value)
+    for key in SUITE_DEFAULTS:
+        monkeypatch.setitem(DEFAULTS, key, getattr(Defaults, key))
     ctxsum_settings.reload()
     yield
+    monkeypatch.undo()
     ctxsum_settings.reload()
 
 

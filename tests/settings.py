@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import django
 
+from ctxsum.conf import DEFAULTS
 from project.settings import *  # noqa: F403
 from project.settings import CTXSUM, DATABASES
 
@@ -20,9 +21,14 @@ else:
     _other = {**_default, "TEST": {"NAME": f"test_{_default['NAME']}_other"}}
 DATABASES = {"default": _default, "other": _other}
 
-# As tests/conftest.py has it for the tests themselves (SUITE_DEFAULTS): the suite's small
-# conversations compact whenever due and keep all of KEEP.
-CTXSUM = {**CTXSUM, "AUTO_COMPACT": False, "REQUIRE_PAYOFF": False, "LANDING": "keep"}
+CTXSUM = {**CTXSUM, "AUTO_COMPACT": False}
+# The suite's conversations are small by design (a few short messages over a small
+# trigger), their compactions there to show the mechanics: they compact whenever due and
+# keep all of KEEP, whatever CTXSUM dict a test sets, here and in the processes tests start.
+# ctxsum's own defaults, a compaction only when it pays and the "target" landing, apply to
+# the tests marked ctxsum_defaults (tests/conftest.py), and have tests of their own.
+SUITE_DEFAULTS = {"REQUIRE_PAYOFF": False, "LANDING": "keep"}
+DEFAULTS.update(SUITE_DEFAULTS)
 # The tasks framework: django.tasks from Django 6.0, the django_tasks backport before it.
 TASKS_MODULE = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
 TASKS = {"default": {"BACKEND": f"{TASKS_MODULE}.backends.dummy.DummyBackend"}}

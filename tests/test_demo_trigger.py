@@ -25,6 +25,9 @@ needs_stand_in_model = pytest.mark.skipif(
     reason="OPENAI_API_KEY or OPENAI_BASE_URL is set: the example project uses that server",
 )
 
+# The demo runs with ctxsum's defaults: a compaction is made only when it pays.
+pytestmark = pytest.mark.ctxsum_defaults
+
 IMMEDIATE = {"default": {"BACKEND": f"{TASKS_MODULE}.backends.immediate.ImmediateBackend"}}
 # What someone trying the chat page might type: short questions and remarks.
 USER_TURNS = [
