@@ -87,7 +87,7 @@ class Defaults:
     # value the summary or a kept message already holds, up to FACTS_TRIGGER_SHARE of the
     # trigger's tokens (of MAX_CONTEXT_TOKENS when the trigger counts messages only) and at
     # most FACTS_MAX_TOKENS (0: no facts block). The trigger counts the block like any message.
-    FACTS_MAX_TOKENS: int = 500
+    FACTS_MAX_TOKENS: int = 200
     FACTS_TRIGGER_SHARE: float = 0.05
     # Compact automatically after an append that reaches the trigger: a compaction task is
     # enqueued once the append commits (COMPACTION_RUNNER). Only a context over its ceiling

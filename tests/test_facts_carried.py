@@ -150,8 +150,8 @@ def test_a_changed_value_is_shown_until_the_context_is_checked_again(user, opena
     ("policy", "budget"),
     [
         ({"trigger": {"tokens": 2000}}, 100),  # FACTS_TRIGGER_SHARE (0.05) of the trigger
-        ({"trigger": {"tokens": 20000}}, 500),  # at most FACTS_MAX_TOKENS
-        (POLICY, 500),  # no tokens to take a share of
+        ({"trigger": {"tokens": 20000}}, 200),  # at most FACTS_MAX_TOKENS
+        (POLICY, 200),  # a share of the model's default ceiling: over FACTS_MAX_TOKENS
         ({**POLICY, "max_context_tokens": 3000}, 150),  # of the ceiling
     ],
 )
