@@ -17,7 +17,7 @@ from ctxsum.tokens import context_tokens, count_message
 from tests.factories import FILLER, assistant_message, long_user_message, user_message
 from tests.test_chat import chat_requests, summary_requests
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.ctxsum_defaults]
 
 
 @pytest.fixture

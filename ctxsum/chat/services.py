@@ -31,10 +31,10 @@ from ctxsum.chat.models import ChatTurn
 from ctxsum.chat.turns import TURN, Reservation, turn_lock, turn_release, turn_reserve
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import MessagesInvalid
-from ctxsum.models import Conversation, Message
+from ctxsum.models import Conversation, Message, Summary, single
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy
 from ctxsum.services.autocompact import AutoCompaction, autocompact_schedule
-from ctxsum.services.compaction import active_summary_is, conversation_compact, signal_after_commit
+from ctxsum.services.compaction import conversation_compact, signal_after_commit
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
 from ctxsum.services.row_lease import LeaseLost
@@ -342,9 +342,15 @@ def _commit(
 
 def _sent_unredacted(locked: Conversation, sent: ActiveContext) -> bool:
     """Whether nothing the model was sent was redacted since: its summary is not withheld
-    since, and its messages are redacted as they were read. Under the row lock."""
-    if not active_summary_is(locked, sent.summary):
-        return False
-    rows = Message.objects.using(locked._state.db).filter(pk__in=[row.pk for row in sent.rows])
+    since, and its messages are redacted as they were read. A compaction that landed
+    during the call (another summary active, the messages archived) changes neither. Under
+    the row lock."""
+    db = locked._state.db
+    if sent.summary is not None:
+        summary = Summary.objects.using(db).filter(pk=sent.summary.pk)
+        withheld = single(summary.values_list("covers_redacted", flat=True))
+        if withheld != sent.summary.covers_redacted:
+            return False
+    rows = Message.objects.using(db).filter(pk__in=[row.pk for row in sent.rows])
     seen = sum(row.redacted_at is not None for row in sent.rows)
     return rows.filter(redacted_at__isnull=False).count() == seen
