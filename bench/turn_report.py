@@ -205,7 +205,7 @@ def amortized_table(report: Mapping[str, Any]) -> list[str]:
     """The compaction (ctxsum's background run; LangGraph's turn that summarizes), then the
     turn with it amortized."""
     lines = [
-        "| history | side | compactions / turns | the compaction: CPU µs, both | wall ms "
+        "| history | side | compactions / turns | compacting: CPU µs, both | wall ms "
         "| WAL bytes | amortized turn: CPU µs, both | wall ms | WAL bytes | rows |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -248,7 +248,8 @@ def ratio_table(report: Mapping[str, Any]) -> list[str]:
 
 
 def table_table(report: Mapping[str, Any]) -> list[str]:
-    """WAL bytes and rows of an amortized turn by table, at the largest size."""
+    """WAL bytes and rows of an amortized turn by table, at the largest size (tables under
+    10 bytes a turn, the id sequences, left out)."""
     row = report["results"][-1]
     lines = [
         f"| side ({row['size']:,} messages) | table | WAL bytes per turn | rows per turn |",
@@ -256,7 +257,11 @@ def table_table(report: Mapping[str, Any]) -> list[str]:
     ]
     for side in SIDES:
         for table, entry in row["sides"][side]["by_table"].items():
-            lines.append(f"| {side} | `{table}` | {_us(entry['wal_bytes'])} | {entry['rows']} |")
+            if entry["wal_bytes"] < 10:
+                continue
+            name = "commit records" if table == "(commit)" else f"`{table}`"
+            rows = "-" if table == "(commit)" else f"{entry['rows']:.1f}"
+            lines.append(f"| {side} | {name} | {_us(entry['wal_bytes'])} | {rows} |")
     return lines
 
 

@@ -27,24 +27,15 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.common import POLICY
 from bench.prepare_state import Built
 from bench.turn_clocks import Clocks, Sample
-from bench.turn_sides import (
-    Agent,
-    checks_due,
-    ctxsum_build,
-    ctxsum_turn,
-    kept_connection,
-    langgraph_agent,
-    langgraph_build,
-    langgraph_turn,
-    run_worker,
-    task_outcomes,
-)
 from bench.wal_writes import Written
+
+if TYPE_CHECKING:  # importing it loads tiktoken's encoding, a command's first step
+    from bench.turn_sides import Agent
 from tests.support.shared import DATA_DIR
 
 SIZES = (100, 1_000, 10_000)
@@ -129,6 +120,8 @@ def timed_ctxsum_turn(thread: Thread, clocks: Clocks, number: int, round_: int) 
     the check it defers (made due at once, untimed)."""
     from django.utils import timezone
 
+    from bench.turn_sides import checks_due, ctxsum_turn, run_worker, task_outcomes
+
     queued, sample = clocks.timed(lambda: ctxsum_turn(thread.built))
     turn = Turn("ctxsum", number, round_, sample, compacted=queued)
     if queued:
@@ -143,6 +136,8 @@ def timed_ctxsum_turn(thread: Thread, clocks: Clocks, number: int, round_: int) 
 def timed_langgraph_turn(
     thread: Thread, clocks: Clocks, agent: Agent, number: int, round_: int
 ) -> Turn:
+    from bench.turn_sides import langgraph_turn
+
     summarized, sample = clocks.timed(lambda: langgraph_turn(agent, thread.size))
     return Turn("LangGraph", number, round_, sample, compacted=summarized)
 
@@ -169,6 +164,7 @@ def build(args: argparse.Namespace, agent: Agent, runs: Any, system: str) -> lis
     """Every size on both sides, each followed by ANALYZE and CHECKPOINT."""
     from bench.common import bench_owner
     from bench.scaling_state import settle
+    from bench.turn_sides import ctxsum_build, langgraph_build
 
     owner = bench_owner("ctxsum-vs-langgraph")
     threads = []
@@ -216,6 +212,7 @@ def run(args: argparse.Namespace, url: str, system: str, runs: Any) -> dict[str,
     ``system`` as the system message and ``runs``' messages as the history."""
     from bench.turn_clocks import backend_pid
     from bench.turn_report import report_fields
+    from bench.turn_sides import kept_connection, langgraph_agent
     from bench.wal_writes import available
 
     wal = available()
