@@ -133,3 +133,34 @@ def test_the_reply_counts_as_long_as_the_newest_one_stored(
     assert sent_tokens(sent["messages"]) < trigger
     assert queued() == []
     assert context_get(conversation=conversation).token_count < trigger
+
+
+def test_a_compaction_landing_during_the_model_call_keeps_the_reply(user, chat_model, monkeypatch):
+    """The background compaction of the turn before lands while the model answers: the
+    reply is stored after the new summary's context, not refused as a redaction."""
+    import ctxsum.chat.services as chat
+
+    conversation = conversation_create(
+        owner=user,
+        system="Be brief.",
+        messages=[long_user_message(f"u{n}") for n in range(8)],
+        trigger={"messages": 100},
+        keep={"messages": 2},
+    )
+    real_call = chat.call_model
+
+    def compact_then_call(*args: Any, **kwargs: Any) -> Any:
+        landed = conversation_compact(
+            conversation=Conversation.objects.get(pk=conversation.pk), force=True
+        )
+        assert landed.compacted
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(chat, "call_model", compact_then_call)
+    chat_model.script = [{}, {"reply": "Noted."}]
+
+    result = chat_turn(conversation=conversation, message=user_message("and the hotel?"))
+
+    assert [row.content for row in result.messages] == ["and the hotel?", "Noted."]
+    context = context_get(conversation=conversation)
+    assert context.summary is not None and context.messages[-1]["content"] == "Noted."
