@@ -6,6 +6,11 @@ document are the measured ones, copied by no one.
     python -m bench.perf_tables bench/results/scaling-<date>.json
     python -m bench.perf_tables bench/results/throughput-<date>.json
     python -m bench.perf_tables bench/results/background-<date>.json
+    python -m bench.perf_tables --compare vs-langchain-a.json vs-langchain-b.json ...
+
+``--compare`` sets runs of bench.vs_langchain with other ctxsum settings (``--set``) side by
+side: ctxsum's compactions per 100 model calls and its billed tokens, on each file and in all,
+against the full history and LangChain (system prompt kept), from each run's ``--limit``.
 """
 
 from __future__ import annotations
@@ -236,8 +241,45 @@ TABLES = {
 }
 
 
+COMPARE_GROUPS = {
+    "agent_trajectories.jsonl.gz": "agent runs",
+    "long_chats.jsonl.gz": "dialogues",
+    "all": "all",
+}
+
+
+def compare_table(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """One row a run: its ctxsum settings, then for each group ctxsum's compactions per 100
+    model calls and its billed tokens as a share of the full history and of LangChain's."""
+    header = ["ctxsum settings"]
+    for label in COMPARE_GROUPS.values():
+        header += [f"{label}: compactions / 100 calls", f"{label}: billed vs full, vs LangChain"]
+    lines = [_row(header), _row(["---"] * len(header))]
+    for report in reports:
+        given = {k: v for k, v in report.get("ctxsum_settings", {}).items() if k != "SUMMARIZER"}
+        cells = [", ".join(f"{k}={v}" for k, v in given.items()) or "defaults"]
+        groups = {"all": report["sides"], **report["by_file"]}
+        for group in COMPARE_GROUPS:
+            if group not in groups:  # a run of one file
+                cells += ["n/a", "n/a"]
+                continue
+            ctxsum, langchain = groups[group]["ctxsum"], groups[group]["langchain"]
+            cells.append(f"{100 * ctxsum['summaries'] / ctxsum['calls']:.1f}")
+            cells.append(
+                f"{100 * ctxsum['billed_vs']['full']:.1f} %, "
+                f"{100 * ctxsum['billed'] / langchain['billed']:.1f} %"
+            )
+        lines.append(_row(cells))
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    path = Path((sys.argv[1:] if argv is None else argv)[0])
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[0] == "--compare":
+        reports = [json.loads(Path(arg).read_text(encoding="utf-8")) for arg in args[1:]]
+        print("\n".join(compare_table(reports)))
+        return 0
+    path = Path(args[0])
     report = json.loads(path.read_text(encoding="utf-8"))
     if report["benchmark"] in TABLES:
         print("\n".join(TABLES[report["benchmark"]](report)))
