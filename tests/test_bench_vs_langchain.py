@@ -151,3 +151,25 @@ def test_the_command_reports_every_side(tmp_path: Any) -> None:
     assert in_state["system_kept_in_every_call"] < 3
     assert report["sides"]["full"]["billed_vs"]["full"] == 1.0
     assert len(report["per_conversation"]) == 3
+
+
+@pytest.mark.ctxsum_defaults
+def test_ctxsum_as_shipped_bills_the_key_facts_of_each_summarizer_answer(
+    records: Any, user: Any, settings: Any
+) -> None:
+    """With the facts summarizer (the command's default), each call's answer is the fixed
+    summary and a <facts> block, billed as output: more than the summary alone."""
+    from bench.fixed_summary import FixedSummarizer, ctxsum_call_tokens
+
+    settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": "bench.fixed_summary.FixedFactsSummarizer"}
+    record = records[1]  # the airline run: booking codes, amounts, dates
+    counts = message_counts(record["messages"])
+    ctxsum = run_ctxsum(record, counts, owner=user, check=True)
+
+    assert ctxsum.summaries > 0 and ctxsum.summarizer_calls == len(FixedSummarizer.calls)
+    answers = [call.answer for call in FixedSummarizer.calls]
+    assert all(answer.startswith(FIXED_SUMMARY + "\n<facts>[") for answer in answers)
+    assert ctxsum.summarizer_out > SUMMARY_TOKENS * ctxsum.summarizer_calls
+    assert ctxsum.summarizer_out == sum(
+        ctxsum_call_tokens(call)[1] for call in FixedSummarizer.calls
+    )
