@@ -256,8 +256,12 @@ def compare_table(reports: Sequence[dict[str, Any]]) -> list[str]:
         header += [f"{label}: compactions / 100 calls", f"{label}: billed vs full, vs LangChain"]
     lines = [_row(header), _row(["---"] * len(header))]
     for report in reports:
-        given = {k: v for k, v in report.get("ctxsum_settings", {}).items() if k != "SUMMARIZER"}
-        cells = [", ".join(f"{k}={v}" for k, v in given.items()) or "defaults"]
+        given = dict(report.get("ctxsum_settings", {}))
+        summarizer = given.pop("SUMMARIZER", "")
+        named = [f"{key}={value}" for key, value in given.items()]
+        if summarizer.endswith(".FixedSummarizer"):
+            named.append("no key facts (--summary fixed)")
+        cells = [", ".join(named) or "defaults"]
         groups = {"all": report["sides"], **report["by_file"]}
         for group in COMPARE_GROUPS:
             if group not in groups:  # a run of one file
