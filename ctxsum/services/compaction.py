@@ -122,7 +122,10 @@ def _snapshot(conversation: Conversation, *, force: bool, incoming: Incoming) ->
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     context = context_get(conversation=conversation)
     policy = conversation_policy(conversation)
-    prompt_tokens, blocks_growth = payoff_sizing(conversation)
+    layout, (count, tokens) = context.layout, incoming
+    # What a summarizer call costs is weighed only for a compaction that may not pay.
+    due = not force and policy.over(layout.message_count + count, layout.token_count + tokens)
+    prompt_tokens, blocks_growth = payoff_sizing(conversation) if due else (None, 0)
     sizing = Sizing(
         target_ratio=ctxsum_settings.TARGET_RATIO,
         landing=ctxsum_settings.LANDING,
