@@ -34,6 +34,12 @@ from bench.prepare_state import Built
 from bench.turn_clocks import Clocks, Sample
 from bench.wal_writes import Written
 
+# ctxsum's defaults but two: its turns of a few dozen tokens would never make a compaction
+# that pays back its summarizer call (REQUIRE_PAYOFF), so that it compacts at its trigger as
+# the middleware does, and keeps all of KEEP, as the middleware does (LANDING "keep"). Its
+# compactions here are the most it would make: the amortized figures are an upper bound.
+CTXSUM = {"AUTO_COMPACT": True, "REQUIRE_PAYOFF": False, "LANDING": "keep"}
+
 if TYPE_CHECKING:  # importing it loads tiktoken's encoding, a command's first step
     from bench.turn_sides import Agent
 from tests.support.shared import DATA_DIR
@@ -236,9 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     started = Run("vs_langgraph", argv)
     with disposable_database(args.database_url), tempfile.TemporaryDirectory() as tmp:
-        setup_django(
-            database_url=args.database_url, sqlite_dir=Path(tmp), ctxsum={"AUTO_COMPACT": True}
-        )
+        setup_django(database_url=args.database_url, sqlite_dir=Path(tmp), ctxsum=CTXSUM)
         try:
             system, runs = agent_pool(args.data_dir)
             fields = run(args, args.database_url, system, runs)
