@@ -44,6 +44,11 @@ CTXSUM = {
     "SUMMARY_MODEL": "gpt-4o-mini",
     "DEFAULT_MODEL": "gpt-4o",
     "AUTO_COMPACT": False,
+    # The page's conversations are a few short messages, which no compaction pays back:
+    # they compact whenever due and keep all of KEEP (the default lands at half the
+    # trigger), so that the page shows a compaction at every step that reaches the trigger.
+    "REQUIRE_PAYOFF": False,
+    "LANDING": "keep",
 }
 # Queued compactions wait in the dummy task backend, never run: every page is the same.
 TASKS_MODULE = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"
