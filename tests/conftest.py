@@ -25,12 +25,12 @@ def _fast_password_hasher(settings):
 @pytest.fixture(autouse=True)
 def _ctxsum_defaults(request, monkeypatch):
     """ctxsum's own defaults for a test marked ``ctxsum_defaults``, in place of the suite's
-    (tests/settings.py, SUITE_DEFAULTS)."""
+    (tests/suite_defaults.py)."""
     if not request.node.get_closest_marker("ctxsum_defaults"):
         yield
         return
     from ctxsum.conf import DEFAULTS, Defaults, ctxsum_settings
-    from tests.settings import SUITE_DEFAULTS
+    from tests.suite_defaults import SUITE_DEFAULTS
 
     for key in SUITE_DEFAULTS:
         monkeypatch.setitem(DEFAULTS, key, getattr(Defaults, key))

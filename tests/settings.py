@@ -13,6 +13,7 @@ import django
 from ctxsum.conf import DEFAULTS
 from project.settings import *  # noqa: F403
 from project.settings import CTXSUM, DATABASES
+from tests.suite_defaults import SUITE_DEFAULTS
 
 _default = DATABASES["default"]
 if _default["ENGINE"].endswith("sqlite3"):
@@ -22,12 +23,7 @@ else:
 DATABASES = {"default": _default, "other": _other}
 
 CTXSUM = {**CTXSUM, "AUTO_COMPACT": False}
-# The suite's conversations are small by design (a few short messages over a small
-# trigger), their compactions there to show the mechanics: they compact whenever due and
-# keep all of KEEP, whatever CTXSUM dict a test sets, here and in the processes tests start.
-# ctxsum's own defaults, a compaction only when it pays and the "target" landing, apply to
-# the tests marked ctxsum_defaults (tests/conftest.py), and have tests of their own.
-SUITE_DEFAULTS = {"REQUIRE_PAYOFF": False, "LANDING": "keep"}
+# The suite's two defaults (tests/suite_defaults.py), whatever CTXSUM dict a test sets.
 DEFAULTS.update(SUITE_DEFAULTS)
 # The tasks framework: django.tasks from Django 6.0, the django_tasks backport before it.
 TASKS_MODULE = "django.tasks" if django.VERSION >= (6, 0) else "django_tasks"

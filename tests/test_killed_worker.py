@@ -73,7 +73,7 @@ def database_url() -> str:
 def child_env(fake: FakeOpenAI) -> dict[str, str]:
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.settings_worker",
         "DATABASE_URL": database_url(),
         "CTXSUM_SUMMARIZER": "openai",
         "OPENAI_BASE_URL": fake.base_url,
