@@ -417,9 +417,30 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "nothing-to-summarize-unrecorded",
         COMPACTION,
-        "RECORDED_SKIPS = (Reason.NOTHING_TO_SUMMARIZE, Reason.IN_PROGRESS, Reason.NO_GAIN)",
-        "RECORDED_SKIPS = (Reason.IN_PROGRESS, Reason.NO_GAIN)",
+        "RECORDED_SKIPS = (\n    Reason.NOTHING_TO_SUMMARIZE,\n",
+        "RECORDED_SKIPS = (\n",
         COMPACTION_TESTS,
+    ),
+    Mutant(
+        "payoff-skip-unrecorded",
+        COMPACTION,
+        "    Reason.NO_PAYOFF,\n)",
+        ")",
+        ("tests/test_payoff.py",),
+    ),
+    Mutant(
+        "payoff-always-pays",
+        POLICY,
+        "return self.saved * PAYBACK_CALLS >= self.cost",
+        "return True",
+        ("tests/test_payoff.py",),
+    ),
+    Mutant(
+        "landing-keeps-all-of-keep",
+        POLICY,
+        "if keeping and self.sizing.landing == KEEP_LANDING:",
+        "if keeping:",
+        POLICY_TESTS,
     ),
     Mutant(
         "below-trigger-reports-over",
