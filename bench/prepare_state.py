@@ -74,8 +74,7 @@ def batches(stream: Sequence[dict[str, Any]], size: int = BATCH) -> Iterator[lis
 def build(*, owner: Any, system: str, runs: Sequence[Sequence[dict[str, Any]]], size: int) -> Built:
     """A conversation with ``size`` messages of history (system message included),
     compacted after every batch."""
-    from ctxsum.models import Summary
-    from ctxsum.services import conversation_compact, conversation_create, message_append
+    from ctxsum.services import conversation_create
 
     started = time.perf_counter()
     conversation = conversation_create(
@@ -85,11 +84,20 @@ def build(*, owner: Any, system: str, runs: Sequence[Sequence[dict[str, Any]]], 
         trigger={"messages": TRIGGER_MESSAGES},
         keep={"messages": KEEP_MESSAGES},
     )
-    for batch in batches(history_stream(runs, size - 1)):
+    return compacted_by_batches(conversation, history_stream(runs, size - 1), started=started)
+
+
+def compacted_by_batches(conversation: Any, stream: Sequence[Any], *, started: float) -> Built:
+    """``conversation`` with ``stream`` appended in ``batches``, a forced compaction after
+    each, as a ``Built`` (``started``: when the build began, for its seconds)."""
+    from ctxsum.models import Summary
+    from ctxsum.services import conversation_compact, message_append
+
+    for batch in batches(stream):
         message_append(conversation=conversation, messages=batch)
         result = conversation_compact(conversation=conversation, force=True)
         if not result.compacted:
-            raise RuntimeError(f"building {size}: the compaction did not run: {result.reason}")
+            raise RuntimeError(f"building: the compaction did not run: {result.reason}")
     conversation.refresh_from_db()
     return Built(
         conversation=conversation,

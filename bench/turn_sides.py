@@ -42,7 +42,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from bench.common import POLICY
 from bench.lc_fake import FixedSummaryChatModel, to_langchain
 from bench.prepare_sides import APPENDED
-from bench.prepare_state import COUNTERS, Built, batches, history_stream
+from bench.prepare_state import Built, batches, compacted_by_batches, history_stream
 from bench.vs_lc import middleware
 
 USER = dict(APPENDED)
@@ -96,27 +96,14 @@ def ctxsum_build(
     from django.conf import settings
     from django.test import override_settings
 
-    from ctxsum.models import Summary
-    from ctxsum.services import conversation_compact, conversation_create, message_append
+    from ctxsum.services import conversation_create
 
     started = time.perf_counter()
     with override_settings(CTXSUM={**settings.CTXSUM, "AUTO_COMPACT": False}):
         conversation = conversation_create(
             owner=owner, title=f"vs_langgraph {size}", system=system, **POLICY
         )
-        for batch in batches(history(runs, size)):
-            message_append(conversation=conversation, messages=batch)
-            result = conversation_compact(conversation=conversation, force=True)
-            if not result.compacted:
-                raise RuntimeError(f"building {size}: the compaction did not run: {result.reason}")
-    conversation.refresh_from_db()
-    return Built(
-        conversation=conversation,
-        history=conversation.message_count,
-        summaries=Summary.objects.filter(conversation=conversation).count(),
-        seconds=time.perf_counter() - started,
-        counters={name: getattr(conversation, name) for name in COUNTERS},
-    )
+        return compacted_by_batches(conversation, history(runs, size), started=started)
 
 
 def ctxsum_turn(built: Built) -> bool:

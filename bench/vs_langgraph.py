@@ -33,16 +33,16 @@ from bench.common import POLICY
 from bench.prepare_state import Built
 from bench.turn_clocks import Clocks, Sample
 from bench.wal_writes import Written
+from tests.support.shared import DATA_DIR
+
+if TYPE_CHECKING:  # importing it loads tiktoken's encoding, a command's first step
+    from bench.turn_sides import Agent
 
 # ctxsum's defaults but two: its turns of a few dozen tokens would never make a compaction
 # that pays back its summarizer call (REQUIRE_PAYOFF), so that it compacts at its trigger as
 # the middleware does, and keeps all of KEEP, as the middleware does (LANDING "keep"). Its
 # compactions here are the most it would make: the amortized figures are an upper bound.
 CTXSUM = {"AUTO_COMPACT": True, "REQUIRE_PAYOFF": False, "LANDING": "keep"}
-
-if TYPE_CHECKING:  # importing it loads tiktoken's encoding, a command's first step
-    from bench.turn_sides import Agent
-from tests.support.shared import DATA_DIR
 
 SIZES = (100, 1_000, 10_000)
 DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_lg_turn"
