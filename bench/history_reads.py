@@ -9,8 +9,9 @@ every ``--batch`` messages, the same 6 messages last), among every dialogue of t
 conversation of its own and one other conversation of ``--other-large`` messages; then
 ANALYZE and CHECKPOINT (this machine's PostgreSQL runs without autovacuum). Each round calls
 every read of every target ``--calls`` times, the targets' order rotated by one each round;
-the queries of an untimed first call are recorded. SQLite, then PostgreSQL, each in a process
-of its own; results in docs/PERFORMANCE.md.
+the queries of an untimed first call are recorded, and on PostgreSQL, after the rounds, the
+plan of each of them that reads ctxsum's tables (``EXPLAIN (ANALYZE, BUFFERS)``). SQLite,
+then PostgreSQL, each in a process of its own; results in docs/PERFORMANCE.md.
 
     python -m bench.history_reads [--sizes N ...] [--rounds R] [--calls N] [--batch N]
                                   [--other-large N] [--dialogues N]
@@ -43,6 +44,8 @@ READS = (
     "facts",
 )
 PAGE = 50  # the API's default page size
+# A plan that reads the whole message table: what a read of one conversation must not do.
+SCAN = "Seq Scan on ctxsum_message"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -121,6 +124,36 @@ def measure(
     }
 
 
+def plans(targets: Sequence[Any], client: Any) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """On PostgreSQL, each read's queries of ctxsum's tables with their ``EXPLAIN (ANALYZE,
+    BUFFERS)`` on this table, by target and read: what the planner chose, where a read
+    costs more than its rows; nothing on SQLite."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        return {}
+    found: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for target in targets:
+        urls = read_urls(target.built.conversation)
+        for name in READS:
+            with CaptureQueriesContext(connection) as captured:
+                client.get(urls[name])
+            ours = [
+                query["sql"] for query in captured.captured_queries if '"ctxsum_' in query["sql"]
+            ]
+            found.setdefault(target.name, {})[name] = [explained(sql) for sql in ours]
+    return found
+
+
+def explained(sql: str) -> dict[str, Any]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}")
+        return {"sql": sql, "plan": [row[0] for row in cursor.fetchall()]}
+
+
 def run_backend(args: argparse.Namespace) -> dict[str, Any]:
     """Build the targets among the other conversations, then measure (Django set up)."""
     from django.test import Client
@@ -144,6 +177,7 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
     client = Client()
     client.force_login(owner)
     results = measure(targets, client, rounds=args.rounds, calls=args.calls)
+    explains = plans(targets, client)
     small, large = targets[0], targets[-1]
     return {
         "database": database_info(),
@@ -156,6 +190,7 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
                 "history": target.built.history,
                 "summaries": target.built.summaries,
                 "reads": results[target.name],
+                "plans": explains.get(target.name, {}),
             }
             for target in targets
         ],
@@ -176,13 +211,19 @@ def backend_main(args: argparse.Namespace) -> int:
 
 
 def summary_lines(report: dict[str, Any]) -> list[str]:
-    """Each read's median milliseconds by size, and the largest over the smallest."""
+    """Each read's median milliseconds by size, and the largest over the smallest; then
+    the reads whose plan scans the message table whole."""
     lines = []
     for backend, part in report["backends"].items():
         for name in READS:
             medians = [f"{t['reads'][name]['ms']['median']:.2f}" for t in part["targets"]]
             ratios = [value[name]["median"] for value in part["ratios"].values()]
             lines.append(f"{backend} {name}: {' / '.join(medians)} ms, ratio {ratios}")
+        for target in part["targets"]:
+            for name, queries in target.get("plans", {}).items():
+                plan = [line for query in queries for line in query["plan"]]
+                if any(SCAN in line for line in plan):
+                    lines.append(f"{backend} {name} at {target['size']:,}: {SCAN}")
     return lines
 
 

@@ -4,10 +4,11 @@ and takes the same queries whatever the history's length."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from bench.common import FIXED_SUMMARIZER
-from bench.history_reads import READS, measure, read_urls
+from bench.history_reads import READS, SCAN, measure, plans, read_urls
 from bench.scaling_measure import Target
 from bench.scaling_state import sample_pool, target_build
 from tests.support.shared import FIXTURE_CONVERSATIONS
@@ -38,3 +39,23 @@ def test_every_read_takes_the_same_queries_whatever_the_history(pool, user) -> N
     for name in READS:
         assert small[name]["queries"] == large[name]["queries"], name
         assert large[name]["ms"]["n"] == 2
+
+
+def test_on_postgresql_every_read_has_its_plans(pool, user) -> None:
+    """Each read's queries of ctxsum's tables with their EXPLAIN ANALYZE (PostgreSQL only):
+    on a small table none reads the messages whole."""
+    built = target_build(pool, owner=user, size=200, compacted=True, batch=40)
+    client = Client()
+    client.force_login(user)
+
+    found = plans([Target("200", 200, True, built)], client)
+
+    if connection.vendor != "postgresql":
+        assert found == {}
+        return
+    assert found["200"].keys() == set(READS)
+    for name, queries in found["200"].items():
+        assert queries and all('"ctxsum_' in query["sql"] for query in queries), name
+        plan = [line for query in queries for line in query["plan"]]
+        assert any("Execution Time" in line for line in plan), name
+        assert not any(SCAN in line for line in plan), (name, plan)

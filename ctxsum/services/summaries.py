@@ -170,15 +170,20 @@ def _reasons(per_call: list[list[str]]) -> list[str]:
 
 
 def summary_coverage(previous: Summary | None, archived: Sequence[Message], text: str) -> Coverage:
-    """The coverage check of ``text``: the facts of ``previous`` and ``archived``."""
-    facts = previous.coverage_facts if previous is not None else []
-    known = [(fact["kind"], fact["text"]) for fact in facts or []]
-    if previous is not None and previous.coverage_facts is None:
-        # Written before ctxsum kept coverage: read what it covered once.
-        covered = Message.objects.using(previous._state.db).filter(
-            conversation_id=previous.conversation_id,
-            seq__range=(previous.from_seq, previous.to_seq),
-        )
-        archived = [*covered.archived().order_by("seq"), *archived]
+    """The coverage check of ``text`` against what its summarizer was given: the facts the
+    summary so far (``previous``) held, then those of the newly ``archived`` messages. A
+    fact ``previous`` had lost is not looked for again (the summarizer never saw it) unless
+    an archived message mentions it anew; so the check, and the row that stores it, are as
+    large as one summary and one batch of messages, however long the conversation."""
+    known = held_facts(previous) if previous is not None else []
     texts = coverage.message_texts(row.as_openai() for row in archived)
     return coverage.facts_checked(coverage.facts_found(texts, known), text)
+
+
+def held_facts(summary: Summary) -> list[tuple[str, str]]:
+    """(kind, text) of the facts ``summary`` held: those its coverage check found present,
+    or, for a summary stored without one (written before ctxsum kept it), those of its
+    text."""
+    if summary.coverage_facts is None:
+        return coverage.facts_found([summary.text])
+    return [(fact["kind"], fact["text"]) for fact in summary.coverage_facts if fact["present"]]
