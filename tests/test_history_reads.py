@@ -163,6 +163,19 @@ def test_every_read_takes_the_same_queries_at_20_and_2000_messages(api, historie
         assert not grows, (name, grows)
 
 
+def test_a_page_of_rows_is_read_with_a_limit(api, histories) -> None:
+    """A page's seq (version) range holds a page at most; its query says so with a LIMIT,
+    or PostgreSQL's planner, guessing thousands of rows, may scan the whole table."""
+    _, large = histories
+    for name in ("transcript, first page", "transcript, last page", "summaries, first page"):
+        pages = [
+            sql
+            for sql in _queries(api, _reads(large)[name])
+            if re.search(r'FROM "ctxsum_(message|summary)".*"(seq|version)" >= ', sql)
+        ]
+        assert pages and all(f"LIMIT {PAGE}" in sql for sql in pages), (name, pages)
+
+
 def _plan_reads(plan: dict[str, Any]) -> tuple[int, list[str]]:
     """Rows a PostgreSQL plan read from tables and indexes (what each scan returned, over
     all its loops, plus what its filters threw away), and its sequential scans of the

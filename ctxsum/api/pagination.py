@@ -53,7 +53,10 @@ class SeqPaginator(RowPaginator):
             high = self.first + self.count - (number - 1) * self.per_page
             low = max(high - self.per_page, self.first)
         rows = self.object_list.filter(**{f"{self.number}__gte": low, f"{self.number}__lt": high})
-        return Page(list(rows.order_by(f"{'-' * self.newest_first}{self.number}")), number, self)
+        ordered = rows.order_by(f"{'-' * self.newest_first}{self.number}")
+        # The range never holds more than a page; the LIMIT tells the planner so (without
+        # it PostgreSQL may guess thousands of rows and scan the whole table).
+        return Page(list(ordered[: self.per_page]), number, self)
 
 
 class VersionPaginator(SeqPaginator):
