@@ -173,8 +173,8 @@ def previous_summary_read(
     conversation: Any, *, rounds: int, calls: int = 20
 ) -> dict[str, Any] | None:
     """What the REST context's ``previous_version`` costs, milliseconds (median over
-    rounds): reading the active summary's previous version whole (its cumulative coverage
-    check included) and its version alone; and the REST answer's serializer
+    rounds): reading the active summary's previous version whole (its coverage check
+    included) and its version alone; and the REST answer's serializer
     (``ContextOutputSerializer(context).data``) on what ``context_get`` read, and with that
     previous version read again, version alone. None without a previous one."""
     from ctxsum.api.serializers import ContextOutputSerializer

@@ -34,8 +34,8 @@ __all__ = [
     "transcript_list",
 ]
 
-# A summary's coverage check: cumulative, it grows with the conversation (to hundreds of
-# kB); only a compaction writing the next version and the admin's summary page read it.
+# A summary's coverage check: the facts of what its summarizer call was given (a few kB);
+# only a compaction writing the next version and the admin's summary page read it.
 SUMMARY_HEAVY = ("coverage_facts",)
 # What a summary read with its previous version leaves out: of the previous one, all but
 # what the REST answer says of it (its version).

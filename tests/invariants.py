@@ -133,7 +133,7 @@ def _load(conversation: Conversation) -> _State:
         label=label,
         conversation=conversation,
         rows=rows,
-        # Without the coverage checks: cumulative, they grow with every version.
+        # Without the coverage checks, which no invariant reads.
         summaries=list(
             Summary.objects.filter(conversation=conversation)
             .defer("coverage_facts")
