@@ -187,9 +187,12 @@ class Policy:
 
     def over(self, message_count: int, token_count: int) -> bool:
         """Whether a context of this size reaches the trigger or exceeds the ceiling."""
+        return self.exceeds(token_count) or self.trigger.reached(message_count, token_count)
+
+    def exceeds(self, token_count: int) -> bool:
+        """Whether a context of ``token_count`` tokens exceeds the ceiling."""
         ceiling = self.max_context_tokens
-        exceeds = ceiling is not None and token_count > ceiling
-        return exceeds or self.trigger.reached(message_count, token_count)
+        return ceiling is not None and token_count > ceiling
 
     def __post_init__(self) -> None:
         _check_amount("max_context_tokens", "", self.max_context_tokens)
@@ -532,8 +535,7 @@ class _Estimates:
     def over_ceiling(self) -> bool:
         """Whether the context, with the incoming messages, exceeds the ceiling: then it is
         compacted whether or not that pays."""
-        ceiling = self.policy.max_context_tokens
-        return ceiling is not None and self.tokens_before + self.incoming[1] > ceiling
+        return self.policy.exceeds(self.tokens_before + self.incoming[1])
 
     def payoff(self, plan: Plan) -> Payoff:
         """``plan``'s savings a call, and the cost of its summarizer call. The new summary is

@@ -88,8 +88,7 @@ def compaction_due(conversation: Conversation) -> bool:
 
 def over_ceiling(conversation: Conversation) -> bool:
     """Whether the context, from the row's counters, exceeds its ceiling."""
-    ceiling = conversation_policy(conversation).max_context_tokens
-    return ceiling is not None and conversation.context_tokens > ceiling
+    return conversation_policy(conversation).exceeds(conversation.context_tokens)
 
 
 def compaction_queued_at(

@@ -93,8 +93,14 @@ class _Run:
     def over(self, context: ActiveContext) -> bool:
         """Whether ``context``, with the incoming messages, still reaches the trigger or
         exceeds the ceiling."""
-        count, tokens = self.incoming
-        return self.policy.over(len(context.messages) + count, context.token_count + tokens)
+        return context_over(self.policy, context, self.incoming)
+
+
+def context_over(policy: Policy, context: ActiveContext, incoming: Incoming) -> bool:
+    """Whether ``context``, with the ``incoming`` messages, reaches the trigger or exceeds
+    the ceiling of ``policy``."""
+    count, tokens = incoming
+    return policy.over(len(context.messages) + count, context.token_count + tokens)
 
 
 def conversation_compact(
@@ -122,9 +128,8 @@ def _snapshot(conversation: Conversation, *, force: bool, incoming: Incoming) ->
     conversation.update_from(Conversation.objects.using(db).get(pk=conversation.pk))
     context = context_get(conversation=conversation)
     policy = conversation_policy(conversation)
-    layout, (count, tokens) = context.layout, incoming
     # What a summarizer call costs is weighed only for a compaction that may not pay.
-    due = not force and policy.over(layout.message_count + count, layout.token_count + tokens)
+    due = not force and context_over(policy, context, incoming)
     prompt_tokens, blocks_growth = payoff_sizing(conversation) if due else (None, 0)
     sizing = Sizing(
         target_ratio=ctxsum_settings.TARGET_RATIO,

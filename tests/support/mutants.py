@@ -113,8 +113,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ceiling-inclusive",
         POLICY,
-        "exceeds = ceiling is not None and token_count > ceiling",
-        "exceeds = ceiling is not None and token_count >= ceiling",
+        "return ceiling is not None and token_count > ceiling",
+        "return ceiling is not None and token_count >= ceiling",
         POLICY_TESTS,
     ),
     Mutant(
