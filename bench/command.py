@@ -158,12 +158,17 @@ class Database:
 
 @contextlib.contextmanager
 def backend_django(
-    args: argparse.Namespace, *, prefix: str, sqlite_immediate: bool = False
+    args: argparse.Namespace,
+    *,
+    prefix: str,
+    sqlite_immediate: bool = False,
+    ctxsum: dict[str, Any] | None = None,
 ) -> Iterator[Database]:
     """Django set up on the database of ``--backend`` for the block: PostgreSQL's
     ``--database-url``, created and dropped after (``disposable_database``), or a SQLite
     file in a temporary folder named ``prefix``…; its connections closed after the block.
-    ``sqlite_immediate``: as ``setup_django``'s."""
+    ``sqlite_immediate``: as ``setup_django``'s; ``ctxsum``: settings of the ``CTXSUM``
+    dict beside those the benchmarks pin."""
     url = args.database_url if args.backend == "postgresql" else None
     with disposable_database(url), tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         database = Database(url=url, sqlite_dir=Path(tmp))
@@ -173,7 +178,7 @@ def backend_django(
             database_url=url,
             sqlite_dir=database.sqlite_dir,
             sqlite_immediate=sqlite_immediate,
-            ctxsum={"LANDING": "keep"},
+            ctxsum={"LANDING": "keep", **(ctxsum or {})},
         )
         try:
             yield database

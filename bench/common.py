@@ -21,6 +21,12 @@ RESULTS_DIR = REPO_ROOT / "bench" / "results"
 IMAGES_DIR = REPO_ROOT / "docs" / "images"
 ENCODING = "o200k_base"
 FIXED_SUMMARIZER = "bench.fixed_summary.FixedSummarizer"
+# The summarizers a command's ``--summarizer`` names: the offline backend (summaries that keep
+# names, numbers and identifiers, and key facts) or the fixed 120-token summary (no facts).
+SUMMARIZERS = {
+    "offline": "ctxsum.summarizers.offline.OfflineSummarizer",
+    "fixed": FIXED_SUMMARIZER,
+}
 # The policy both sides get: summarize at 12 messages, keep the last 6 verbatim.
 TRIGGER_MESSAGES = 12
 KEEP_MESSAGES = 6

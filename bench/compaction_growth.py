@@ -46,9 +46,9 @@ from typing import Any
 
 from bench.command import add_command_options, per_database_main
 from bench.common import (
-    FIXED_SUMMARIZER,
     KEEP_MESSAGES,
     POLICY,
+    SUMMARIZERS,
     disposable_database,
     setup_django,
     summary_of,
@@ -58,10 +58,6 @@ from tests.support.shared import DATA_DIR
 
 SIZES = (100, 1_000, 10_000, 100_000)
 DEFAULT_DATABASE = "postgres://root@127.0.0.1:5432/wtperf_compaction_growth"
-SUMMARIZERS = {
-    "offline": "ctxsum.summarizers.offline.OfflineSummarizer",
-    "fixed": FIXED_SUMMARIZER,
-}
 PROFILE_LINES = 30
 
 

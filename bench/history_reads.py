@@ -1,11 +1,14 @@
 """Every GET of a compacted conversation against the length of its history: the detail
 (with its stats), the context, the transcript's and the summary list's first and last pages
-(50 a page), and the facts, through Django's test client logged in as the owner.
+(50 a page), the facts' first page, and the first pages again with as many rows as the
+shortest history's (``…_same``: its 20 messages, its one summary, its key facts), through
+Django's test client logged in as the owner.
 
 Compacted target conversations of 20, 1,000, 10,000 and 100,000 messages, built as
 bench.scaling builds its compacted ones (bench/scaling_state.py: the data's agent history
-written with ``bulk_create``, compacted by the service with the fixed-size summarizer after
-every ``--batch`` messages, the same 6 messages last), among every dialogue of the data as a
+written with ``bulk_create``, compacted by the service after every ``--batch`` messages, the
+same 6 messages last; ``--summarizer``: the offline backend, the default, whose key facts
+the conversations then hold, or the fixed 120-token summary), among every dialogue of the data as a
 conversation of its own and one other conversation of ``--other-large`` messages; then
 ANALYZE and CHECKPOINT (this machine's PostgreSQL runs without autovacuum). Each round calls
 every read of every target ``--calls`` times, the targets' order rotated by one each round;
@@ -14,7 +17,7 @@ plan of each of them that reads ctxsum's tables (``EXPLAIN (ANALYZE, BUFFERS)``)
 then PostgreSQL, each in a process of its own; results in docs/PERFORMANCE.md.
 
     python -m bench.history_reads [--sizes N ...] [--rounds R] [--calls N] [--batch N]
-                                  [--other-large N] [--dialogues N]
+                                  [--summarizer offline|fixed] [--other-large N] [--dialogues N]
                                   [--database-url URL | --no-postgres] [--output PATH]
 """
 
@@ -26,10 +29,11 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bench.command import add_command_options, backend_django, per_database_main
-from bench.common import write_json
+from bench.common import SUMMARIZERS, write_json
 from bench.scaling_state import add_table_options
 
 SIZES = (20, 1_000, 10_000, 100_000)
@@ -42,6 +46,9 @@ READS = (
     "summaries_first",
     "summaries_last",
     "facts",
+    "transcript_first_same",
+    "summaries_first_same",
+    "facts_same",
 )
 PAGE = 50  # the API's default page size
 # A plan that reads the whole message table: what a read of one conversation must not do.
@@ -53,6 +60,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), metavar="N")
     parser.add_argument("--rounds", type=int, default=10, help="rounds (default 10)")
     parser.add_argument("--calls", type=int, default=10, help="timed calls of each read a round")
+    parser.add_argument("--summarizer", choices=tuple(SUMMARIZERS), default="offline")
     add_table_options(parser)
     add_command_options(parser, default_database=DEFAULT_DATABASE, plots=False)
     return parser.parse_args(argv)
@@ -62,7 +70,16 @@ def progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def read_urls(conversation: Any) -> dict[str, str]:
+@dataclass(frozen=True)
+class Same:
+    """The rows of the shortest history's first pages: the ``…_same`` reads ask for as many."""
+
+    messages: int
+    summaries: int
+    facts: int
+
+
+def read_urls(conversation: Any, same: Same) -> dict[str, str]:
     """The URL of every read of ``conversation``, the last pages' included."""
     base = f"/api/conversations/{conversation.pk}/"
     last_message_page = max(1, math.ceil(conversation.message_count / PAGE))
@@ -74,11 +91,14 @@ def read_urls(conversation: Any) -> dict[str, str]:
         "transcript_last": f"{base}messages/?page={last_message_page}",
         "summaries_first": f"{base}summaries/",
         "summaries_last": f"{base}summaries/?page={last_summary_page}",
+        "transcript_first_same": f"{base}messages/?page_size={same.messages}",
+        "summaries_first_same": f"{base}summaries/?page_size={same.summaries}",
+        "facts_same": f"{base}facts/?page_size={same.facts}",
         "facts": f"{base}facts/",
     }
 
 
-def reads(target: Any, client: Any) -> list[Any]:
+def reads(target: Any, client: Any, same: Same) -> list[Any]:
     """The reads of ``target`` as operations of bench.scaling_measure (nothing to reset)."""
     from bench.scaling_measure import Operation
 
@@ -92,18 +112,18 @@ def reads(target: Any, client: Any) -> list[Any]:
 
         return call
 
-    urls = read_urls(target.built.conversation)
+    urls = read_urls(target.built.conversation, same)
     return [Operation(name, get(urls[name]), lambda: None) for name in READS]
 
 
 def measure(
-    targets: Sequence[Any], client: Any, *, rounds: int, calls: int
+    targets: Sequence[Any], client: Any, same: Same, *, rounds: int, calls: int
 ) -> dict[str, dict[str, Any]]:
     """Every read of every target, ``rounds`` rounds of ``calls`` calls, the targets' order
     rotated by one each round; each read's first call (untimed) gives its queries."""
     from bench.scaling_measure import captured, operation_figures, time_calls
 
-    ops = {target.name: reads(target, client) for target in targets}
+    ops = {target.name: reads(target, client, same) for target in targets}
     queries = {name: {op.name: captured(op) for op in each} for name, each in ops.items()}
     samples: dict[str, dict[str, list[list[float]]]] = {
         target.name: {name: [] for name in READS} for target in targets
@@ -124,7 +144,9 @@ def measure(
     }
 
 
-def plans(targets: Sequence[Any], client: Any) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def plans(
+    targets: Sequence[Any], client: Any, same: Same
+) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """On PostgreSQL, each read's queries of ctxsum's tables with their ``EXPLAIN (ANALYZE,
     BUFFERS)`` on this table, by target and read: what the planner chose, where a read
     costs more than its rows; nothing on SQLite."""
@@ -135,7 +157,7 @@ def plans(targets: Sequence[Any], client: Any) -> dict[str, dict[str, list[dict[
         return {}
     found: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for target in targets:
-        urls = read_urls(target.built.conversation)
+        urls = read_urls(target.built.conversation, same)
         for name in READS:
             with CaptureQueriesContext(connection) as captured:
                 client.get(urls[name])
@@ -161,6 +183,7 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
     from bench.common import bench_owner
     from bench.scaling_measure import Target, ratio
     from bench.scaling_state import load_pool, others_build, settle, table_facts, target_build
+    from ctxsum.facts.block import facts_visible
     from tests.support.run_info import database_info
 
     started = time.perf_counter()
@@ -176,19 +199,29 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
     build_seconds = round(time.perf_counter() - started, 1)
     client = Client()
     client.force_login(owner)
-    results = measure(targets, client, rounds=args.rounds, calls=args.calls)
-    explains = plans(targets, client)
     small, large = targets[0], targets[-1]
+    shortest = small.built.conversation
+    facts = facts_visible(shortest).count()
+    same = Same(
+        *(
+            max(1, min(PAGE, rows))
+            for rows in (shortest.message_count, shortest.summary_count, facts)
+        )
+    )
+    results = measure(targets, client, same, rounds=args.rounds, calls=args.calls)
+    explains = plans(targets, client, same)
     return {
         "database": database_info(),
         "tables": table_facts(),
         "others": others,
         "build_seconds": build_seconds,
+        "same_rows": {"messages": same.messages, "summaries": same.summaries, "facts": facts},
         "targets": [
             {
                 "size": target.size,
                 "history": target.built.history,
                 "summaries": target.built.summaries,
+                "key_facts": facts_visible(target.built.conversation).count(),
                 "reads": results[target.name],
                 "plans": explains.get(target.name, {}),
             }
@@ -204,7 +237,8 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
 
 def backend_main(args: argparse.Namespace) -> int:
     """One backend in this process: write its part of the results to ``--part``."""
-    with backend_django(args, prefix="ctxsum-history-reads-"):
+    summarizer = {"SUMMARIZER": SUMMARIZERS[args.summarizer]}
+    with backend_django(args, prefix="ctxsum-history-reads-", ctxsum=summarizer):
         part = run_backend(args)
     write_json(part, args.part)
     return 0
@@ -234,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parse_args=parse_args,
         backend_main=backend_main,
         draw=lambda report: [],
-        options=("sizes", "rounds", "calls", "batch"),
+        options=("sizes", "rounds", "calls", "batch", "summarizer"),
         lines=summary_lines,
     )
 

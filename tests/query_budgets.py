@@ -86,8 +86,8 @@ ADMIN_LIST = 5
 # Review: the conversation (annotated like a row of the list), the pinned system message,
 # the active summary, the newest active messages, a page of the transcript by seq (the
 # summaries joined), the latest versions, the latest attempts, the key facts it sees (one
-# query however many there are).
-ADMIN_REVIEW = 10
+# query however many there are) and which of them its facts block shows (one).
+ADMIN_REVIEW = 11
 # Summary: the summary (conversation and previous version joined), the next version, a page
 # of the messages it covers (the archiving versions joined), the key facts it wrote (one
 # query).
@@ -97,8 +97,9 @@ ADMIN_FACT_LIST = 4
 
 # --- the facts API (tests/test_facts_api.py) ---------------------------------------------
 
-# The conversation's lookup, then every fact it sees (the summary's version joined); the
-# same for one fact of the conversation.
-CONVERSATION_FACTS = 2
+# The conversation's lookup, the facts block's read (which facts it shows), then the count
+# and the page of the facts it sees (the summary's version joined); for one fact of the
+# conversation, the lookup, the block's read and the fact.
+CONVERSATION_FACTS = 4
 # The subject's facts: the paginator's COUNT, then the page.
 SUBJECT_FACTS = 2

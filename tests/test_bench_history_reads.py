@@ -1,5 +1,6 @@
-"""bench.history_reads on small targets built from the shipped sample: every read answers,
-and takes the same queries whatever the history's length."""
+"""bench.history_reads on small targets built from the shipped sample (compacted by the
+offline summarizer: they hold key facts): every read answers, and takes the same queries
+whatever the history's length."""
 
 from __future__ import annotations
 
@@ -7,18 +8,25 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from bench.common import FIXED_SUMMARIZER
-from bench.history_reads import READS, SCAN, measure, plans, read_urls
+from bench.common import SUMMARIZERS
+from bench.history_reads import READS, SCAN, Same, measure, plans, read_urls
 from bench.scaling_measure import Target
 from bench.scaling_state import sample_pool, target_build
+from ctxsum.facts.models import Fact
 from tests.support.shared import FIXTURE_CONVERSATIONS
 
 pytestmark = pytest.mark.django_db
+# The rows of the ``…_same`` reads: those of a history of 20 messages and one summary.
+SAME = Same(messages=20, summaries=1, facts=5)
 
 
 @pytest.fixture
 def pool(settings):
-    settings.CTXSUM = {**settings.CTXSUM, "SUMMARIZER": FIXED_SUMMARIZER, "ENCODING": "o200k_base"}
+    settings.CTXSUM = {
+        **settings.CTXSUM,
+        "SUMMARIZER": SUMMARIZERS["offline"],
+        "ENCODING": "o200k_base",
+    }
     return sample_pool(FIXTURE_CONVERSATIONS)
 
 
@@ -30,12 +38,15 @@ def test_every_read_takes_the_same_queries_whatever_the_history(pool, user) -> N
     client = Client()
     client.force_login(user)
 
-    results = measure(targets, client, rounds=2, calls=1)
+    results = measure(targets, client, SAME, rounds=2, calls=1)
 
     small, large = (results[target.name] for target in targets)
     assert large.keys() == set(READS)
     assert targets[1].built.summaries > 1
-    assert read_urls(targets[1].built.conversation)["summaries_last"].endswith("?page=1")
+    urls = read_urls(targets[1].built.conversation, SAME)
+    assert urls["summaries_last"].endswith("?page=1")
+    assert urls["summaries_first_same"].endswith("?page_size=1")
+    assert Fact.objects.filter(conversation=built[1].conversation).exists()
     for name in READS:
         assert small[name]["queries"] == large[name]["queries"], name
         assert large[name]["ms"]["n"] == 2
@@ -48,7 +59,7 @@ def test_on_postgresql_every_read_has_its_plans(pool, user) -> None:
     client = Client()
     client.force_login(user)
 
-    found = plans([Target("200", 200, True, built)], client)
+    found = plans([Target("200", 200, True, built)], client, SAME)
 
     if connection.vendor != "postgresql":
         assert found == {}

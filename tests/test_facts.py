@@ -382,6 +382,32 @@ def test_a_pinned_or_person_edited_fact_survives_a_model_update(user, openai_sum
     assert (old.old_value, old.old_source_seqs, old.old_confirmed_at) == ("400 EUR", [1], earlier)
 
 
+def test_a_confirmation_writes_only_what_it_changes(user, openai_summarizer):
+    """Confirming two facts with their new seqs sets the fields they share in one statement
+    and their seqs in another; neither rewrites a value."""
+    conversation = build(user)
+    earlier = timezone.now() - timedelta(hours=1)
+    model_writes(conversation, "city", "Delhi", earlier)
+    model_writes(conversation, "budget", "400 EUR", earlier)
+    openai_summarizer.facts = [
+        {"key": "city", "value": "Delhi", "source_seqs": [3]},
+        {"key": "budget", "value": "400 EUR", "source_seqs": [2]},
+    ]
+
+    with CaptureQueriesContext(connection) as queries:
+        compact(conversation)
+
+    updates = [
+        q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "ctxsum_fact"')
+    ]
+    assert len(updates) == 2
+    assert not any('"value" =' in sql or '"summary_id" =' in sql for sql in updates)
+    facts = facts_of(conversation)
+    assert (facts["city"].source_seqs, facts["budget"].source_seqs) == ([1, 3], [1, 2])
+    assert facts["city"].confirmed_at == facts["budget"].confirmed_at > earlier
+    assert_context_invariants(conversation)
+
+
 def test_the_offline_extractor_confirms_a_fact_it_finds_again(user, settings):
     """Keys are stable: the same identifier found by a later compaction is the same fact,
     confirmed, with the seqs of both."""

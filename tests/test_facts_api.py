@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
@@ -704,6 +705,28 @@ def test_every_answer_is_as_the_schema_describes_it(api, chats, document):
 
 
 # --------------------------------------------------------------------------- queries
+
+
+def test_the_list_reads_a_page_of_facts_not_every_one(api, chats):
+    conversation = chats[0]
+    for index in range(60):
+        model_fact(conversation, key=f"own {index:02d}", value=f"value {index}")
+
+    sqls: list[str] = []
+
+    def record(execute: Any, sql: str, *args: Any) -> Any:
+        sqls.append(sql)
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(record):
+        first = api.get(facts_url(conversation)).json()
+    second = api.get(facts_url(conversation) + "?page=2").json()
+
+    reads = [sql for sql in sqls if 'FROM "ctxsum_fact"' in sql]
+    assert len(reads) == 3 and all("LIMIT" in sql or "COUNT(" in sql for sql in reads)
+    assert (first["count"], len(first["results"]), len(second["results"])) == (60, 50, 10)
+    keys = [fact["key"] for fact in first["results"] + second["results"]]
+    assert keys == [f"own {index:02d}" for index in reversed(range(60))]
 
 
 @pytest.mark.parametrize("count", [2, 40])

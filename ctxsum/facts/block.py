@@ -11,16 +11,17 @@ optional, none is taken out of this order.
 
 from __future__ import annotations
 
-import calendar
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import message_texts
+from ctxsum.facts.candidates import Candidate, Line, as_facts, candidates
 from ctxsum.facts.lines import FACTS_HEADER, carries, fact_line, fact_tokens, normalized
 from ctxsum.facts.models import FACT_ORDER, CarriedFact, Fact
 from ctxsum.hooks import Block
@@ -36,6 +37,9 @@ MIN_LINE_TOKENS = 3
 # What the last read of a conversation's block found, on its instance: (revision, whether it
 # sees any fact, shown or left out).
 SEEN = "_ctxsum_facts_seen"
+# ``block_order``'s clock: microseconds since these, aware or naive as the value is.
+EPOCHS = {True: datetime(1970, 1, 1, tzinfo=UTC), False: datetime(1970, 1, 1)}
+MICROSECOND = timedelta(microseconds=1)
 
 
 def facts_budget(conversation: Conversation) -> int:
@@ -62,16 +66,19 @@ def facts_visible(conversation: Conversation) -> QuerySet[Fact]:
     return visible.annotate(hidden=hidden).order_by(*FACT_ORDER)
 
 
-def block_order(fact: Fact) -> tuple[bool, int, str, float]:
+L = TypeVar("L", bound=Line)
+
+
+def block_order(fact: Line) -> tuple[bool, int, str, float]:
     """``FACT_ORDER`` as a sort key. A fact not stored yet (a merge's new one) comes after
     the stored ones of its key: it will have the larger id."""
     confirmed = fact.confirmed_at
-    micros = calendar.timegm(confirmed.utctimetuple()) * 1_000_000 + confirmed.microsecond
+    micros = (confirmed - EPOCHS[confirmed.tzinfo is not None]) // MICROSECOND
     pk: int | None = fact.pk
     return (not fact.pinned, -micros, fact.key, math.inf if pk is None else pk)
 
 
-def left_out(fact: Fact) -> bool:
+def left_out(fact: Line) -> bool:
     return bool(getattr(fact, "hidden", False))  # as facts_visible annotates it
 
 
@@ -83,10 +90,10 @@ def candidates_limit(budget: int | None = None) -> int:
     return 2 * (max(limit, 0) // MIN_LINE_TOKENS + 1)
 
 
-def one_per_key(facts: Iterable[Fact]) -> dict[str, Fact]:
+def one_per_key(facts: Iterable[L]) -> dict[str, L]:
     """``facts`` by key, one each: where a conversation's own fact and its subject's share a
     key, its own (the one its block shows, and the one the summarizer writes to)."""
-    by_key: dict[str, Fact] = {}
+    by_key: dict[str, L] = {}
     for fact in facts:
         kept = by_key.get(fact.key)
         if kept is None or (kept.conversation_id is None and fact.conversation_id is not None):
@@ -95,8 +102,8 @@ def one_per_key(facts: Iterable[Fact]) -> dict[str, Fact]:
 
 
 def facts_chosen(
-    ordered: Sequence[Fact], *, model: str | None = None, budget: int | None = None
-) -> list[Fact]:
+    ordered: Sequence[L], *, model: str | None = None, budget: int | None = None
+) -> list[L]:
     """The facts the block shows, in its order, from those the conversation sees in
     ``FACT_ORDER``: of the first ``candidates_limit()``, those it leaves out last, one per
     key and not left out, while the block stays within ``budget`` (FACTS_MAX_TOKENS; a
@@ -104,7 +111,7 @@ def facts_chosen(
     limit = ctxsum_settings.FACTS_MAX_TOKENS if budget is None else budget
     first = sorted(ordered, key=left_out)[: candidates_limit(limit)]
     candidates = [fact for fact in one_per_key(first).values() if not left_out(fact)]
-    chosen: list[Fact] = []
+    chosen: list[L] = []
     used = tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
     for fact in sorted(candidates, key=block_order):
         if used + fact.token_count <= limit:
@@ -122,22 +129,23 @@ def facts_block(conversation: Conversation) -> Block | None:
     model, budget = conversation.model or None, facts_budget(conversation)
     # The facts the block is chosen from, those it leaves out last.
     first = facts_visible(conversation).order_by(F("hidden"), *FACT_ORDER)
-    read = list(first[: candidates_limit(budget)])
+    read = candidates(first[: candidates_limit(budget)])
     setattr(conversation, SEEN, (conversation.revision, bool(read)))
     facts = facts_chosen(read, model=model, budget=budget)
     if not facts:
         return None
     message, size = block_message(facts), block_tokens(facts, model=model)
-    return Block(kind=FACTS_BLOCK, message=message, tokens=size, shows=facts)
+    shows = as_facts(facts, db=conversation._state.db or "default")
+    return Block(kind=FACTS_BLOCK, message=message, tokens=size, shows=shows)
 
 
-def block_message(facts: Sequence[Fact]) -> dict[str, Any]:
+def block_message(facts: Sequence[Line]) -> dict[str, Any]:
     """The block as it enters the context: a user message, like the summary."""
     lines = [FACTS_HEADER, *(fact_line(fact.key, fact.value) for fact in facts)]
     return {"role": "user", "content": "\n".join(lines)}
 
 
-def block_tokens(facts: Sequence[Fact], *, model: str | None = None) -> int:
+def block_tokens(facts: Sequence[Line], *, model: str | None = None) -> int:
     """Tokens of the block as a context message; 0 when it shows no fact (no block)."""
     if not facts:
         return 0
@@ -185,22 +193,40 @@ def context_text(locked: Conversation, summary: str | None = None) -> str:
     return normalized("\n".join([summary, *message_texts(kept)]))
 
 
-def facts_check(locked: Conversation, text: str, *, add: bool = True) -> None:
+def facts_check(locked: Conversation, text: str, *, add: bool = True) -> list[Candidate] | None:
     """Mark which of the first facts ``locked`` sees (twice those its block is chosen from)
-    its context ``text`` carries; without ``add`` (a redaction only takes text away), only
-    unmark those it no longer carries. Under ``locked``'s row lock."""
+    its context ``text`` carries, and return them, in ``FACT_ORDER`` with ``hidden`` set as
+    ``facts_visible`` reads it (``facts_count`` chooses the block from them); without
+    ``add`` (a redaction only takes text away), only unmark those it no longer carries
+    (None). Under ``locked``'s row lock."""
     rows = CarriedFact.objects.using(locked._state.db).filter(conversation=locked)
     if not add:
         rows.exclude(pk__in=[row.pk for row in rows if carries(text, row.value)]).delete()
-        return
-    first = facts_visible(locked)[: 2 * candidates_limit(facts_budget(locked))]
-    marked = [fact for fact in first if carries(text, fact.value)]
+        return None
+    first = candidates(facts_visible(locked)[: 2 * candidates_limit(facts_budget(locked))])
+    carried = {fact.pk for fact in first if carries(text, fact.value)}
     rows.delete()
-    rows.bulk_create(CarriedFact(conversation=locked, fact=f, value=f.value) for f in marked)
+    rows.bulk_create(
+        CarriedFact(conversation=locked, fact_id=fact.pk, value=fact.value)
+        for fact in first
+        if fact.pk in carried
+    )
+    return [fact._replace(hidden=fact.pk in carried and not fact.pinned) for fact in first]
 
 
-def facts_count(conversation: Conversation) -> int:
-    """Tokens of the conversation's facts block as its facts stand now (one query)."""
+def facts_count(conversation: Conversation, checked: Sequence[Candidate] | None = None) -> int:
+    """Tokens of the conversation's facts block as its facts stand now: chosen from what
+    ``facts_check`` returned (``checked``) when that holds the facts the block is chosen
+    from, else read (one query)."""
+    budget = facts_budget(conversation)
+    limit = candidates_limit(budget)
+    # The block is chosen from the first ``limit`` facts, those it leaves out last: the
+    # check's window holds them unless it is full and leaves out more than ``limit``.
+    if checked is not None and (
+        len(checked) < 2 * limit or sum(not left_out(fact) for fact in checked) >= limit
+    ):
+        model = conversation.model or None
+        return block_tokens(facts_chosen(checked, model=model, budget=budget), model=model)
     block = facts_block(conversation)
     return block.tokens if block is not None else 0
 

@@ -89,5 +89,5 @@ class FactsHook(CommitHook):
                 raise LockAgain  # the subject whose conversations were locked changed
             facts_forget(locked=locked, shown=conversations, subject=subject, seq=event.seq)
             text = context_text(locked)
-        facts_check(locked, text, add=not isinstance(event, MessageRedacted))
-        own_block(locked, facts_count(locked))
+        checked = facts_check(locked, text, add=not isinstance(event, MessageRedacted))
+        own_block(locked, facts_count(locked, checked))

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from django.core.exceptions import ValidationError
 from django.db import DataError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from ctxsum.facts.block import (
@@ -33,6 +34,7 @@ from ctxsum.facts.block import (
     line_tokens,
     one_per_key,
 )
+from ctxsum.facts.candidates import Candidate, Line, candidates
 from ctxsum.facts.lines import carries
 from ctxsum.facts.models import Fact, FactChange
 from ctxsum.models import Conversation, Summary
@@ -127,16 +129,19 @@ def facts_merge(
     model, budget = locked.model or None, facts_budget(locked)
     # The facts under the keys proposed, and those the block is chosen from (2 queries).
     targets = one_per_key(facts_visible(locked).filter(key__in=[fact.key for fact in facts]))
-    first = facts_visible(locked)[: 2 * candidates_limit(budget)]
+    first = candidates(facts_visible(locked)[: 2 * candidates_limit(budget)])
 
-    def mark(fact: Fact) -> Fact:
-        fact.hidden = not fact.pinned and carries(text, fact.value)  # type: ignore[attr-defined]
+    def mark(fact: Fact | Candidate) -> Line:
+        hidden = not fact.pinned and carries(text, fact.value)
+        if isinstance(fact, Candidate):
+            return fact._replace(hidden=hidden)
+        fact.hidden = hidden  # type: ignore[attr-defined]
         return fact
 
     # The facts as the merge leaves them, by row (new ones by key): what the block will show.
-    state: dict[object, Fact] = {fact.pk: mark(fact) for fact in first}
+    state: dict[object, Line] = {fact.pk: mark(fact) for fact in first}
 
-    def block(rows: dict[object, Fact]) -> int:
+    def block(rows: dict[object, Line]) -> int:
         ordered = sorted(rows.values(), key=block_order)
         return block_tokens(facts_chosen(ordered, model=model, budget=budget), model=model)
 
@@ -180,21 +185,49 @@ MERGED_FIELDS = (
 def _write(
     db: str, writes: Sequence[tuple[Fact | None, Fact, str]], summary: Summary, now: Any
 ) -> None:
-    """The merge's writes in three statements at most: new facts, changed ones, changes."""
+    """The merge's writes in four statements at most: new facts, changed ones (two), changes."""
     created = [merged for target, merged, _ in writes if target is None]
-    changed = [merged for target, merged, _ in writes if target is not None]
+    changed = [(target, merged) for target, merged, _ in writes if target is not None]
     # Sets the new facts' ids: every database ctxsum runs on returns them (its appends
     # need RETURNING too).
     Fact.objects.using(db).bulk_create(created)
-    for fact in changed:
+    for _, fact in changed:
         fact.updated_at = now
-    Fact.objects.using(db).bulk_update(changed, fields=MERGED_FIELDS)
+    _update(Fact.objects.using(db), changed, MERGED_FIELDS)
     changes = []
     for target, merged, kind in writes:
         change = _before(target) if target is not None else FactChange()
         change.fact, change.summary, change.kind = merged, summary, kind
         changes.append(change)
     FactChange.objects.using(db).bulk_create(changes)
+
+
+def _update(
+    facts: QuerySet[Fact], changed: Sequence[tuple[Fact, Fact]], fields: Sequence[str]
+) -> None:
+    """Save the ``fields`` that ``changed`` (pairs of a fact as read and as merged) changed,
+    in two statements at most: one setting the values every row shares, one
+    ``bulk_update`` of the others (a merge's confirmations differ in ``source_seqs`` only)."""
+    if not changed:
+        return
+    rows = [merged for _, merged in changed]
+    attnames = {field.name: field.attname for field in Fact._meta.concrete_fields}
+    attnames = {name: attnames[name] for name in fields}
+    columns = {
+        name: column
+        for name, column in attnames.items()
+        if any(getattr(read, column) != getattr(merged, column) for read, merged in changed)
+    }
+    shared = {
+        column: getattr(rows[0], column)
+        for column in columns.values()
+        if all(getattr(row, column) == getattr(rows[0], column) for row in rows)
+    }
+    varying = [name for name, column in columns.items() if column not in shared]
+    if varying:
+        facts.bulk_update(rows, fields=varying)
+    if shared:
+        facts.filter(pk__in=[row.pk for row in rows]).update(**shared)
 
 
 def _merged(

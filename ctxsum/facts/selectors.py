@@ -1,5 +1,6 @@
 """Reads of key facts: what a conversation sees and which of it the facts block shows, a
-subject's facts. A fixed number of queries however many facts there are."""
+subject's facts. A fixed number of queries, and a bounded read, however many facts there
+are."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from django.db.models import F, QuerySet
 
-from ctxsum.facts.block import facts_budget, facts_chosen, facts_visible
+from ctxsum.facts.block import facts_block, facts_visible
 from ctxsum.facts.models import FACT_ORDER, Fact
 from ctxsum.models import Conversation
 
@@ -21,25 +22,23 @@ def _annotated(facts: QuerySet[Fact]) -> QuerySet[Fact]:
 
 @dataclass(frozen=True, kw_only=True)
 class FactsSeen:
-    """The facts a conversation sees, and the ids of those its facts block shows now."""
+    """The facts a conversation sees (not read yet: a list pages them), and the ids of
+    those its facts block shows now."""
 
-    facts: list[Fact]
+    facts: QuerySet[Fact]
     shown: frozenset[int]
 
     def get(self, pk: int) -> Fact:
-        """The fact ``pk`` among them; Fact.DoesNotExist when it is not one."""
-        for fact in self.facts:
-            if fact.pk == pk:
-                return fact
-        raise Fact.DoesNotExist(pk)
+        """The fact ``pk`` among them (one query); Fact.DoesNotExist when it is not one."""
+        return self.facts.get(pk=pk)
 
 
 def conversation_facts(*, conversation: Conversation) -> FactsSeen:
-    """The facts ``conversation`` sees, and which of them its block shows (one query)."""
-    facts = list(_annotated(facts_visible(conversation)))
-    model, budget = conversation.model or None, facts_budget(conversation)
-    chosen = facts_chosen(facts, model=model, budget=budget)
-    return FactsSeen(facts=facts, shown=frozenset(fact.pk for fact in chosen))
+    """The facts ``conversation`` sees, and which of them its block shows (the block's
+    read: at most ``candidates_limit`` facts, however many it sees)."""
+    block = facts_block(conversation)
+    shown = frozenset(fact.pk for fact in block.shows) if block is not None else frozenset()
+    return FactsSeen(facts=_annotated(facts_visible(conversation)), shown=shown)
 
 
 def subject_facts(*, owner: Any, subject: str) -> QuerySet[Fact]:

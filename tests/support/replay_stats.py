@@ -75,14 +75,15 @@ def compaction_kind(
 def facts_kind(queries: Sequence[Mapping[str, Any]]) -> str:
     """The key facts' statements a compaction ran: how many reads of the facts block (the
     snapshot's, the merge's, the fresh context's), whether it merged (in a savepoint), and
-    which bulk writes it made; each write is one statement however many facts it writes,
-    so these decide the count."""
-    reads, writes, merged = 0, set(), False
+    which bulk writes it made, each with how many statements (one however many facts it
+    writes; the changed facts' update two when they differ in more than it sets on all), so
+    these decide the count."""
+    reads, writes, merged = 0, Counter[str](), False
     for index, query in enumerate(queries):
         match = FACT_STATEMENT.match(query["sql"])
         if match is None:
             if SKIPS_NOTED.match(query["sql"]):
-                writes.add("skips noted")  # facts left out, said in Summary.facts_skipped
+                writes["skips noted"] += 1  # facts left out, said in Summary.facts_skipped
             continue
         verb, table = match.group(1).split()[0].upper(), match.group(2).lower()
         if verb == "SELECT" and table == "ctxsum_fact":
@@ -90,10 +91,11 @@ def facts_kind(queries: Sequence[Mapping[str, Any]]) -> str:
             before = queries[index - 1]["sql"].lstrip().upper() if index else ""
             merged = merged or before.startswith("SAVEPOINT")
         elif verb != "SELECT":
-            writes.add(f"{verb.lower()} {table.removeprefix('ctxsum_')}")
+            writes[f"{verb.lower()} {table.removeprefix('ctxsum_')}"] += 1
     if not reads and not writes:
         return ""
-    parts = [f"facts read {reads}x", *(["merged"] if merged else []), *sorted(writes)]
+    done = [write if count == 1 else f"{write} {count}x" for write, count in writes.items()]
+    parts = [f"facts read {reads}x", *(["merged"] if merged else []), *sorted(done)]
     return " ".join(parts)
 
 
