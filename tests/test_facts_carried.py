@@ -182,10 +182,11 @@ def test_a_subjects_fact_is_left_out_only_where_the_context_carries_it(user, ope
 def test_a_block_whose_first_facts_are_all_carried_is_chosen_from_further_on(
     user, openai_summarizer
 ):
-    # A budget of 100 tokens chooses from the first 68 facts (candidates_limit), which the
-    # check marks among the first 136; the context carries the newest 130 of 150.
+    # A budget of 100 tokens chooses from the first 34 facts (candidates_limit: one fact per
+    # key without a subject), which the check marks among the first 68; the context carries
+    # the newest 60 of 150.
     values = [f"Code-{index:03d}" for index in range(150)]
-    conversation = build(user, kept=" ".join(values[20:]), trigger={"tokens": 2000})
+    conversation = build(user, kept=" ".join(values[90:]), trigger={"tokens": 2000})
     for index, value in enumerate(values):
         fact_add(user=user, conversation=conversation, key=f"code {index:03d}", value=value)
     openai_summarizer.reply = "Codes were read out."
@@ -193,7 +194,7 @@ def test_a_block_whose_first_facts_are_all_carried_is_chosen_from_further_on(
     compact(conversation)
 
     keys = shown(conversation)
-    # Only the oldest 20 are not carried: the block shows as many of them as fit.
-    assert keys and set(keys) <= {f"code_{index:03d}" for index in range(20)}
+    # Only the oldest 90 are not carried: the block shows as many of them as fit.
+    assert keys and set(keys) <= {f"code_{index:03d}" for index in range(90)}
     conversation.refresh_from_db()
     assert conversation.facts_tokens > 80

@@ -82,12 +82,25 @@ def left_out(fact: Line) -> bool:
     return bool(getattr(fact, "hidden", False))  # as facts_visible annotates it
 
 
-def candidates_limit(budget: int | None = None) -> int:
+def candidates_limit(budget: int | None = None, *, shared: bool = True) -> int:
     """How many facts, in block order, a block of ``budget`` tokens (FACTS_MAX_TOKENS) is
-    chosen from: as many as could fit, each key twice (the conversation's own and its
-    subject's)."""
+    chosen from: as many as could fit, each key twice when ``shared`` (the conversation's
+    own and its subject's; a conversation naming no subject has one fact per key)."""
     limit = ctxsum_settings.FACTS_MAX_TOKENS if budget is None else budget
-    return 2 * (max(limit, 0) // MIN_LINE_TOKENS + 1)
+    return (2 if shared else 1) * (max(limit, 0) // MIN_LINE_TOKENS + 1)
+
+
+def choice_limit(conversation: Conversation) -> int:
+    """``candidates_limit`` of the conversation's block."""
+    return candidates_limit(facts_budget(conversation), shared=bool(conversation.subject))
+
+
+def holds_choice(first: Sequence[Line], limit: int) -> bool:
+    """Whether ``first``, the first ``2 * limit`` facts a conversation sees in
+    ``FACT_ORDER`` (or all of them), hold the ``limit`` its block is chosen from (the first
+    in that order, those it leaves out last): unless it is full and leaves out more than
+    ``limit`` of them."""
+    return len(first) < 2 * limit or sum(not left_out(fact) for fact in first) >= limit
 
 
 def one_per_key(facts: Iterable[L]) -> dict[str, L]:
@@ -102,14 +115,18 @@ def one_per_key(facts: Iterable[L]) -> dict[str, L]:
 
 
 def facts_chosen(
-    ordered: Sequence[L], *, model: str | None = None, budget: int | None = None
+    ordered: Sequence[L],
+    *,
+    model: str | None = None,
+    budget: int | None = None,
+    window: int | None = None,
 ) -> list[L]:
     """The facts the block shows, in its order, from those the conversation sees in
-    ``FACT_ORDER``: of the first ``candidates_limit()``, those it leaves out last, one per
-    key and not left out, while the block stays within ``budget`` (FACTS_MAX_TOKENS; a
-    shorter fact after one that does not fit may)."""
+    ``FACT_ORDER``: of the first ``window`` (``candidates_limit()`` of ``budget``), those
+    it leaves out last, one per key and not left out, while the block stays within
+    ``budget`` (FACTS_MAX_TOKENS; a shorter fact after one that does not fit may)."""
     limit = ctxsum_settings.FACTS_MAX_TOKENS if budget is None else budget
-    first = sorted(ordered, key=left_out)[: candidates_limit(limit)]
+    first = sorted(ordered, key=left_out)[: window or candidates_limit(limit)]
     candidates = [fact for fact in one_per_key(first).values() if not left_out(fact)]
     chosen: list[L] = []
     used = tokens.count_message({"role": "user", "content": FACTS_HEADER}, model=model)
@@ -127,11 +144,16 @@ def facts_block(conversation: Conversation) -> Block | None:
     """The conversation's facts block as its facts stand now (one query); None when it shows
     no fact. The context's "facts" block contributor."""
     model, budget = conversation.model or None, facts_budget(conversation)
-    # The facts the block is chosen from, those it leaves out last.
-    first = facts_visible(conversation).order_by(F("hidden"), *FACT_ORDER)
-    read = candidates(first[: candidates_limit(budget)])
+    limit = choice_limit(conversation)
+    # The first facts in FACT_ORDER (a walk of the conversation's index, however many it
+    # holds) hold those the block is chosen from, unless they leave out too many: then
+    # those it leaves out last are read (a sort of all it sees).
+    read = candidates(facts_visible(conversation)[: 2 * limit])
+    if not holds_choice(read, limit):
+        first = facts_visible(conversation).order_by(F("hidden"), *FACT_ORDER)
+        read = candidates(first[:limit])
     setattr(conversation, SEEN, (conversation.revision, bool(read)))
-    facts = facts_chosen(read, model=model, budget=budget)
+    facts = facts_chosen(read, model=model, budget=budget, window=limit)
     if not facts:
         return None
     message, size = block_message(facts), block_tokens(facts, model=model)
@@ -203,7 +225,7 @@ def facts_check(locked: Conversation, text: str, *, add: bool = True) -> list[Ca
     if not add:
         rows.exclude(pk__in=[row.pk for row in rows if carries(text, row.value)]).delete()
         return None
-    first = candidates(facts_visible(locked)[: 2 * candidates_limit(facts_budget(locked))])
+    first = candidates(facts_visible(locked)[: 2 * choice_limit(locked)])
     carried = {fact.pk for fact in first if carries(text, fact.value)}
     rows.delete()
     rows.bulk_create(
@@ -218,15 +240,11 @@ def facts_count(conversation: Conversation, checked: Sequence[Candidate] | None 
     """Tokens of the conversation's facts block as its facts stand now: chosen from what
     ``facts_check`` returned (``checked``) when that holds the facts the block is chosen
     from, else read (one query)."""
-    budget = facts_budget(conversation)
-    limit = candidates_limit(budget)
-    # The block is chosen from the first ``limit`` facts, those it leaves out last: the
-    # check's window holds them unless it is full and leaves out more than ``limit``.
-    if checked is not None and (
-        len(checked) < 2 * limit or sum(not left_out(fact) for fact in checked) >= limit
-    ):
+    budget, limit = facts_budget(conversation), choice_limit(conversation)
+    if checked is not None and holds_choice(checked, limit):
         model = conversation.model or None
-        return block_tokens(facts_chosen(checked, model=model, budget=budget), model=model)
+        chosen = facts_chosen(checked, model=model, budget=budget, window=limit)
+        return block_tokens(chosen, model=model)
     block = facts_block(conversation)
     return block.tokens if block is not None else 0
 

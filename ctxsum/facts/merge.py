@@ -25,7 +25,7 @@ from django.utils import timezone
 from ctxsum.facts.block import (
     block_order,
     block_tokens,
-    candidates_limit,
+    choice_limit,
     conversations_lock,
     facts_budget,
     facts_chosen,
@@ -129,7 +129,8 @@ def facts_merge(
     model, budget = locked.model or None, facts_budget(locked)
     # The facts under the keys proposed, and those the block is chosen from (2 queries).
     targets = one_per_key(facts_visible(locked).filter(key__in=[fact.key for fact in facts]))
-    first = candidates(facts_visible(locked)[: 2 * candidates_limit(budget)])
+    window = choice_limit(locked)
+    first = candidates(facts_visible(locked)[: 2 * window])
 
     def mark(fact: Fact | Candidate) -> Line:
         hidden = not fact.pinned and carries(text, fact.value)
@@ -143,7 +144,8 @@ def facts_merge(
 
     def block(rows: dict[object, Line]) -> int:
         ordered = sorted(rows.values(), key=block_order)
-        return block_tokens(facts_chosen(ordered, model=model, budget=budget), model=model)
+        chosen = facts_chosen(ordered, model=model, budget=budget, window=window)
+        return block_tokens(chosen, model=model)
 
     # Against the block the compaction saw, counted in its context.
     limit = None if room is None else locked.facts_tokens + room

@@ -85,6 +85,14 @@ class Fact(models.Model):
         app_label = "ctxsum_facts"
         db_table = "ctxsum_fact"
         ordering = list(FACT_ORDER)
+        indexes = [
+            # A conversation's facts in FACT_ORDER: its facts block and its list of facts read
+            # the first ones without sorting all it holds.
+            models.Index(
+                fields=["conversation", "-pinned", "-confirmed_at", "key", "id"],
+                name="ctxsum_fact_order",
+            ),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=(
