@@ -6,6 +6,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 
 from ctxsum.conf import ctxsum_settings
@@ -196,6 +197,12 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
         messages=[message for _, message in pinned] + [row.as_openai() for row in body],
         blocks=blocks,
     )
+
+
+async def acontext_get(*, conversation: Conversation) -> ActiveContext:
+    """``context_get`` for async code, run in the thread that serves the database."""
+    context: ActiveContext = await sync_to_async(context_get)(conversation=conversation)
+    return context
 
 
 def _active_rows(conversation: Conversation, summary: Summary | None) -> list[Message]:

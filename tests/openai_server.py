@@ -32,7 +32,10 @@ For the chat turn's tests, on top of the mode:
 - a request with ``"stream": true`` is answered as server-sent events: a role chunk, the
   content in ``stream_pieces`` pieces (or the tool calls' deltas), a chunk with the finish
   reason, a usage chunk when ``stream_options.include_usage`` asks for it, ``[DONE]``.
-  Chunked, so ``drop_after = N`` cuts the connection after N chunks, mid-body.
+  Chunked, so ``drop_after = N`` cuts the connection after N chunks, mid-body, and
+  ``pause_after = N`` holds the stream after N chunks until ``resume()`` (or ``delay``
+  seconds as a safety net): a test sees what reached its client while the model is still
+  answering.
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ class FakeOpenAI:
         self.cached_tokens: int | None = None
         self.stream_pieces = 3
         self.drop_after: int | None = None
+        self.pause_after: int | None = None
+        self._resumed = threading.Event()
         self._released = threading.Event()
         self.requests: list[dict[str, Any]] = []
         self._condition = threading.Condition()
@@ -110,6 +115,10 @@ class FakeOpenAI:
         """Let every held request (mode "hold") answer, now and from now on."""
         self._released.set()
 
+    def resume(self) -> None:
+        """Let every stream paused after ``pause_after`` chunks go on, now and from now on."""
+        self._resumed.set()
+
     def hold(self) -> None:
         """Hold requests again (mode "hold") until the next ``release()``."""
         self._released.clear()
@@ -122,6 +131,7 @@ class FakeOpenAI:
         self.finish_reason = "stop"
         self.script, self.model_status = [], {}
         self.tool_calls = self.cached_tokens = self.drop_after = self.facts = None
+        self.pause_after = None
 
     @property
     def bodies(self) -> list[dict[str, Any]]:
@@ -143,6 +153,7 @@ class FakeOpenAI:
         """Stop serving; a sleeping "slow" handler wakes up and its client gets cut off."""
         self._closing.set()
         self._released.set()
+        self._resumed.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -327,14 +338,17 @@ class _Handler(BaseHTTPRequestHandler):
             fake._wait()
             if isinstance(body, dict) and body.get("stream") and "status" not in plan:
                 drop_after = plan.get("drop_after", fake.drop_after)
-                self._stream(fake._chunks(body, plan), drop_after)
+                self._stream(fake._chunks(body, plan), drop_after, fake.pause_after)
             else:
                 self._send(*fake._answer(body, plan))
         finally:
             fake._done()
 
-    def _stream(self, chunks: list[dict[str, Any]], drop_after: int | None) -> None:
-        """Server-sent events in a chunked body; cut off after ``drop_after`` events."""
+    def _stream(
+        self, chunks: list[dict[str, Any]], drop_after: int | None, pause_after: int | None
+    ) -> None:
+        """Server-sent events in a chunked body; cut off after ``drop_after`` events, held
+        after ``pause_after`` until ``resume()``."""
         self.protocol_version = "HTTP/1.1"
         self.close_connection = True
         try:
@@ -348,6 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if pause_after is not None and number == pause_after:
+                    self.server.fake._resumed.wait(self.server.fake.delay)
                 data = event.encode()
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()

@@ -104,7 +104,7 @@ def _raw_body(request: Request) -> bytes:
         return json.dumps(request.data, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _answer_store(claim: Claim, response: Response) -> None:
+def answer_store(claim: Claim, response: Response) -> None:
     """Store a success on its key. A store that fails (the database went after the write)
     is logged, never answered: the write stands and its answer goes out; retries find the
     key in progress, then its answer lost, and never run the write again."""
@@ -156,7 +156,7 @@ def idempotent(handler: Handler) -> Handler:
         if isinstance(response, StreamingHttpResponse):
             return response  # the stream stores its answer, or gives the key back, itself
         if status.is_success(response.status_code):
-            _answer_store(found, response)
+            answer_store(found, response)
         else:
             key_release(found)
         return response

@@ -5,9 +5,11 @@ attempt."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,8 @@ CALL_FAILED = "The model call failed."
 
 _lock = threading.Lock()
 _cached: tuple[str, openai.OpenAI] | None = None
+_acached: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[str, openai.AsyncOpenAI]]
+_acached = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,25 @@ def chat_client() -> openai.OpenAI:
                 raise ModelError(f"{CALL_FAILED} {exc}", cause=exc) from exc
             _cached = (key, client)
         return _cached[1]
+
+
+def achat_client() -> openai.AsyncOpenAI:
+    """``chat_client`` for async code: one ``openai.AsyncOpenAI`` per event loop (a client's
+    connections belong to the loop that opened them), rebuilt when the options change."""
+    options = chat_settings.CHAT_OPTIONS or {}
+    key = json.dumps([options, chat_settings.CHAT_TIMEOUT], sort_keys=True, default=str)
+    loop = asyncio.get_running_loop()
+    cached = _acached.get(loop)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    try:
+        client = openai_client(
+            options, timeout=chat_settings.CHAT_TIMEOUT, client_class=openai.AsyncOpenAI
+        )
+    except openai.OpenAIError as exc:
+        raise ModelError(f"{CALL_FAILED} {exc}", cause=exc) from exc
+    _acached[loop] = (key, client)
+    return client
 
 
 def request_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,6 +128,42 @@ def stream(
         raise ModelError(broken, transient=True, cause=exc) from exc
     finally:
         response.close()
+
+
+async def acomplete(
+    *, model: str, messages: list[dict[str, Any]], options: Mapping[str, Any]
+) -> Completion:
+    """``complete`` through ``openai.AsyncOpenAI``."""
+    return _completion(await _acreate(options, model=model, messages=messages))
+
+
+async def astream(
+    *, model: str, messages: list[dict[str, Any]], options: Mapping[str, Any]
+) -> AsyncGenerator[dict[str, Any], None]:
+    """``stream`` through ``openai.AsyncOpenAI``: the same chunks and errors."""
+    response = await _acreate(
+        options,
+        model=model,
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    try:
+        async for chunk in response:
+            yield chunk.to_dict(mode="json", exclude_unset=True)
+    except Exception as exc:
+        broken = STREAM_BROKEN.format(error=exc)
+        raise ModelError(broken, transient=True, cause=exc) from exc
+    finally:
+        await response.close()
+
+
+async def _acreate(options: Mapping[str, Any], **params: Any) -> Any:
+    create: Any = achat_client().chat.completions.create
+    try:
+        return await create(**params, **request_options(options))
+    except Exception as exc:
+        raise model_error(exc) from exc
 
 
 def _create(options: Mapping[str, Any], **params: Any) -> Any:

@@ -6,9 +6,11 @@ never comes through here: it makes one attempt.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,22 +46,21 @@ class Attempts:
     def latency_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
 
-    def failed(self, error: ModelError) -> None:
-        """After a failed attempt: wait for the same model's retry (its backoff), or move on
-        to the next model; raises the turn's ModelError when every model is spent."""
+    def failed(self, error: ModelError) -> float:
+        """After a failed attempt: the seconds to wait for the same model's retry (its
+        backoff), or none to move on to the next model; raises the turn's ModelError when
+        every model is spent."""
         logger.warning("Chat model %s failed (attempt %d): %s", self.model, self.count, error)
         if error.transient and self.retry < chat_settings.CHAT_RETRIES:
             self.retry += 1
-            time.sleep(chat_settings.CHAT_RETRY_BACKOFF * 2 ** (self.retry - 1))
-        elif self.index + 1 < len(self.models):
+            return float(chat_settings.CHAT_RETRY_BACKOFF * 2 ** (self.retry - 1))
+        if self.index + 1 < len(self.models):
             self.index, self.retry = self.index + 1, 0
-        else:
-            models = ", ".join(self.models)
-            message = EXHAUSTED.format(attempts=self.count, models=models, error=error)
-            exhausted = ModelError(
-                message, transient=error.transient, status=error.status, cause=error
-            )
-            raise exhausted from error
+            return 0.0
+        models = ", ".join(self.models)
+        message = EXHAUSTED.format(attempts=self.count, models=models, error=error)
+        exhausted = ModelError(message, transient=error.transient, status=error.status, cause=error)
+        raise exhausted from error
 
 
 def model_chain(primary: str) -> list[str]:
@@ -111,7 +112,22 @@ def call_model(
             completion = client.complete(model=attempts.model, messages=messages, options=options)
             return completion, reply_clean(completion.message)
         except ModelError as error:
-            attempts.failed(error)
+            time.sleep(attempts.failed(error))
+
+
+async def acall_model(
+    attempts: Attempts, messages: list[dict[str, Any]], options: dict[str, Any]
+) -> tuple[client.Completion, dict[str, Any]]:
+    """``call_model`` through ``openai.AsyncOpenAI``, its backoff awaited."""
+    while True:
+        attempts.count += 1
+        try:
+            completion = await client.acomplete(
+                model=attempts.model, messages=messages, options=options
+            )
+            return completion, reply_clean(completion.message)
+        except ModelError as error:
+            await asyncio.sleep(attempts.failed(error))
 
 
 def stream_model(
@@ -123,20 +139,61 @@ def stream_model(
     blank reply): the role chunk, empty or whitespace deltas."""
     while True:
         attempts.count += 1
-        passed_on = False
-        held: list[dict[str, Any]] = []
+        held = Held()
         try:
             for chunk in client.stream(model=attempts.model, messages=messages, options=options):
-                held.append(chunk)
-                if passed_on or _says_something(chunk):
-                    passed_on = True
-                    yield from held
-                    held.clear()
-            if not passed_on:
-                raise ModelError(BLANK_REPLY, transient=True)
+                yield from held.add(chunk)
+            held.end()
             return
         except ModelError as error:
-            if passed_on:
-                logger.warning("Chat model %s broke off its stream: %s", attempts.model, error)
-                raise
-            attempts.failed(error)
+            time.sleep(held.failed(attempts, error))
+
+
+async def astream_model(
+    attempts: Attempts, messages: list[dict[str, Any]], options: dict[str, Any]
+) -> AsyncGenerator[dict[str, Any], None]:
+    """``stream_model`` through ``openai.AsyncOpenAI``, its backoff awaited."""
+    while True:
+        attempts.count += 1
+        held = Held()
+        try:
+            stream = client.astream(model=attempts.model, messages=messages, options=options)
+            # Closed here when the turn stops early (the client gone): its response with it.
+            async with aclosing(stream):
+                async for chunk in stream:
+                    for passed in held.add(chunk):
+                        yield passed
+            held.end()
+            return
+        except ModelError as error:
+            await asyncio.sleep(held.failed(attempts, error))
+
+
+@dataclass
+class Held:
+    """One streamed attempt's chunks, held back until one says something."""
+
+    passed_on: bool = False
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chunks to pass on now ``chunk`` came: none while nothing was said."""
+        self.chunks.append(chunk)
+        if not (self.passed_on or _says_something(chunk)):
+            return []
+        self.passed_on = True
+        passed, self.chunks = self.chunks, []
+        return passed
+
+    def end(self) -> None:
+        """The stream ended: a blank one is a failed attempt (ModelError)."""
+        if not self.passed_on:
+            raise ModelError(BLANK_REPLY, transient=True)
+
+    def failed(self, attempts: Attempts, error: ModelError) -> float:
+        """After ``error``: raised as it is once a chunk was passed on, else the attempt
+        failed (``Attempts.failed``: the seconds to wait)."""
+        if self.passed_on:
+            logger.warning("Chat model %s broke off its stream: %s", attempts.model, error)
+            raise error
+        return attempts.failed(error)

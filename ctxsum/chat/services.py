@@ -8,11 +8,13 @@ stores nothing; once the commit is done the turn is a success, and what follows 
 from __future__ import annotations
 
 import copy
-from collections.abc import Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator
+from contextlib import aclosing
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any, Literal, overload
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from ctxsum.chat import client
@@ -26,7 +28,15 @@ from ctxsum.chat.completions import (
     unanswered_calls,
 )
 from ctxsum.chat.exceptions import ContextRedacted, ContextTooLong, ModelError, TurnInProgress
-from ctxsum.chat.model_calls import Attempts, call_model, model_chain, reply_clean, stream_model
+from ctxsum.chat.model_calls import (
+    Attempts,
+    acall_model,
+    astream_model,
+    call_model,
+    model_chain,
+    reply_clean,
+    stream_model,
+)
 from ctxsum.chat.models import ChatTurn
 from ctxsum.chat.turns import TURN, Reservation, turn_lock, turn_release, turn_reserve
 from ctxsum.conf import ctxsum_settings
@@ -34,14 +44,19 @@ from ctxsum.exceptions import MessagesInvalid
 from ctxsum.models import Conversation, Message, Summary, single
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy
 from ctxsum.services.autocompact import AutoCompaction, autocompact_schedule
-from ctxsum.services.compaction import conversation_compact, signal_after_commit
+from ctxsum.services.compaction import (
+    CompactionResult,
+    aconversation_compact,
+    conversation_compact,
+    signal_after_commit,
+)
 from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
 from ctxsum.services.row_lease import LeaseLost
 from ctxsum.services.transactions import write_db
 
 # The Python API of the chat turn (README, "The Python API").
-__all__ = ["ChatResult", "ChatStream", "chat_turn"]
+__all__ = ["ChatResult", "ChatStream", "achat_turn", "chat_turn"]
 
 CONTEXT_REDACTED = (
     "A message the model was sent was redacted during its call; its reply was not stored. "
@@ -67,6 +82,10 @@ class ChatResult:
     messages: list[Message]
     turn: ChatTurn
     compaction: AutoCompaction | None = None
+
+
+# What a streamed turn yields: a chunk of the model's answer, then the stored result.
+Event = dict[str, Any] | ChatResult
 
 
 @dataclass(kw_only=True)
@@ -148,28 +167,105 @@ def chat_turn(
     ContextTooLong, ModelError or Conversation.DoesNotExist; after the reservation, every one
     of them gives it back and stores nothing.
     """
-    options = options_clean(
-        model=model,
-        tools=tools,
-        tool_choice=tool_choice,
-        temperature=temperature,
-        max_completion_tokens=max_completion_tokens,
-    )
-    cleaned = _message_check(conversation, message)
-    # Copies, once checked: a caller that changes its message or tools while the turn runs
-    # (a stream is iterated later) changes neither what is sent nor what is stored.
-    cleaned, options = copy.deepcopy((cleaned, options))
-    # The owner by pk only, all the daily count needs: no query for the user's row.
-    owner = user if user is not None else SimpleNamespace(pk=conversation.owner_id)
-    reservation = turn_reserve(conversation, user=owner, db=write_db(conversation))
+    options = {
+        "model": model,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "temperature": temperature,
+        "max_completion_tokens": max_completion_tokens,
+    }
+    ask = _asked(conversation, message, options, user, idempotency)
     try:
-        turn = _prepare(conversation, reservation, cleaned, options, user, idempotency)
+        planned = _planned(ask)
+        result = None
+        if planned.incoming is not None:
+            result = conversation_compact(
+                conversation=planned.conversation, force=True, incoming=planned.incoming
+            )
+        turn = _ready(ask, planned, result)
         if stream:
             return ChatStream(turn)
         completion, reply = call_model(turn.attempts, turn.request, turn.options)
         return _commit(turn, reply, completion.usage, completion.finish_reason, streamed=False)
     except BaseException:
-        turn_release(reservation)
+        turn_release(ask.reservation)
+        raise
+
+
+@overload
+async def achat_turn(
+    *,
+    conversation: Conversation,
+    message: dict[str, Any] | None,
+    model: str | None = ...,
+    tools: list[dict[str, Any]] | None = ...,
+    tool_choice: Any = ...,
+    temperature: float | None = ...,
+    max_completion_tokens: int | None = ...,
+    stream: Literal[False] = ...,
+    user: Any = ...,
+    idempotency: Claim | None = ...,
+) -> ChatResult: ...
+
+
+@overload
+async def achat_turn(
+    *,
+    conversation: Conversation,
+    message: dict[str, Any] | None,
+    model: str | None = ...,
+    tools: list[dict[str, Any]] | None = ...,
+    tool_choice: Any = ...,
+    temperature: float | None = ...,
+    max_completion_tokens: int | None = ...,
+    stream: Literal[True],
+    user: Any = ...,
+    idempotency: Claim | None = ...,
+) -> ChatStream: ...
+
+
+async def achat_turn(
+    *,
+    conversation: Conversation,
+    message: dict[str, Any] | None,
+    model: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: Any = None,
+    temperature: float | None = None,
+    max_completion_tokens: int | None = None,
+    stream: bool = False,
+    user: Any = None,
+    idempotency: Claim | None = None,
+) -> ChatResult | ChatStream:
+    """``chat_turn`` for async code: the same checks, reservation, plan and commit, each
+    in the thread that serves the database, with the compaction before the call
+    (``aconversation_compact``) and the model call through ``openai.AsyncOpenAI`` awaited
+    between them, no connection in use. A stream is iterated with ``async for`` (and
+    closed with ``aclose()``)."""
+    options = {
+        "model": model,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "temperature": temperature,
+        "max_completion_tokens": max_completion_tokens,
+    }
+    ask = await sync_to_async(_asked)(conversation, message, options, user, idempotency)
+    try:
+        planned = await sync_to_async(_planned)(ask)
+        result = None
+        if planned.incoming is not None:
+            result = await aconversation_compact(
+                conversation=planned.conversation, force=True, incoming=planned.incoming
+            )
+        turn = await sync_to_async(_ready)(ask, planned, result)
+        if stream:
+            return ChatStream(turn)
+        completion, reply = await acall_model(turn.attempts, turn.request, turn.options)
+        return await sync_to_async(_commit)(
+            turn, reply, completion.usage, completion.finish_reason, streamed=False
+        )
+    except BaseException:
+        await sync_to_async(turn_release)(ask.reservation)
         raise
 
 
@@ -192,102 +288,202 @@ def _message_check(conversation: Conversation, message: Any) -> dict[str, Any] |
     return cleaned
 
 
-def _prepare(
-    caller: Conversation,
-    reservation: Reservation,
-    cleaned: dict[str, Any] | None,
+@dataclass(frozen=True, kw_only=True)
+class _Ask:
+    """A turn asked for, checked and reserved."""
+
+    caller: Conversation  # the instance chat_turn was given, updated at the end
+    reservation: Reservation
+    message: dict[str, Any] | None
+    options: dict[str, Any]
+    user: Any
+    idempotency: Claim | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Planned:
+    """What the turn plans from: the conversation's row as the reservation left it, never
+    the caller's instance (it may be stale), its context, and the compaction due before the
+    call (``incoming``: the new message and a reply as long as the newest one; None when
+    none is due)."""
+
+    conversation: Conversation
+    context: ActiveContext
+    new: list[dict[str, Any]]
+    new_tokens: int
+    incoming: tuple[int, int] | None
+
+
+def _asked(
+    conversation: Conversation,
+    message: Any,
     options: dict[str, Any],
     user: Any,
     idempotency: Claim | None,
-) -> _Turn:
-    """Compact if due, check the ceiling, and build the request, all from the conversation's
-    row as the reservation left it, never from ``caller``, which may be stale."""
-    rows = Conversation.objects.using(reservation.db)
-    conversation = rows.get(pk=reservation.conversation_pk)
-    new = [cleaned] if cleaned is not None else []
-    new_tokens = sum(messages_count(conversation, new))
-    context, compaction = _compact_if_due(conversation, len(new), new_tokens)
-    size, ceiling = context.token_count + new_tokens, context.max_context_tokens
-    if ceiling is not None and size > ceiling:
-        raise ContextTooLong(CONTEXT_TOO_LONG.format(tokens=size, limit=ceiling))
-    primary = options.pop("model", None) or conversation.model or ctxsum_settings.DEFAULT_MODEL
-    return _Turn(
-        caller=caller,
-        conversation=conversation,
+) -> _Ask:
+    """Check the options and the message, then reserve the turn."""
+    cleaned_options = options_clean(**options)
+    cleaned = _message_check(conversation, message)
+    # Copies, once checked: a caller that changes its message or tools while the turn runs
+    # (a stream is iterated later) changes neither what is sent nor what is stored.
+    cleaned, cleaned_options = copy.deepcopy((cleaned, cleaned_options))
+    # The owner by pk only, all the daily count needs: no query for the user's row.
+    owner = user if user is not None else SimpleNamespace(pk=conversation.owner_id)
+    reservation = turn_reserve(conversation, user=owner, db=write_db(conversation))
+    return _Ask(
+        caller=conversation,
         reservation=reservation,
         message=cleaned,
-        request=[*context.messages, *new],
-        sent=context,
-        options=options,
-        attempts=Attempts(models=model_chain(primary)),
+        options=cleaned_options,
         user=user,
-        compaction=compaction,
         idempotency=idempotency,
     )
 
 
-def _compact_if_due(
-    conversation: Conversation, new_count: int, new_tokens: int
-) -> tuple[ActiveContext, AutoCompaction | None]:
-    """The context to send: compacted first when, with the new message, it reaches the
-    trigger or exceeds the ceiling; it counts the message and a reply as long as the newest
-    one, so neither the call nor the stored pair reaches the trigger. Raises SummarizerError
-    (one attempt, never retried)."""
+def _planned(ask: _Ask) -> _Planned:
+    """The reserved conversation, its context, and whether it compacts first: when, with
+    the new message, it reaches the trigger or exceeds the ceiling, counting a reply as
+    long as the newest one, so that neither the call nor the stored pair reaches the
+    trigger."""
+    rows = Conversation.objects.using(ask.reservation.db)
+    conversation = rows.get(pk=ask.reservation.conversation_pk)
+    new = [ask.message] if ask.message is not None else []
+    new_tokens = sum(messages_count(conversation, new))
     context = context_get(conversation=conversation)
     policy = conversation_policy(conversation)
-    if not policy.over(len(context.messages) + new_count, context.token_count + new_tokens):
-        return context, None
-    # Forced: the stored context alone may be below the trigger; the new message is not.
-    replies = (row.token_count for row in reversed(context.body_rows) if row.role == "assistant")
-    incoming = (new_count + 1, new_tokens + next(replies, 0))
-    result = conversation_compact(conversation=conversation, force=True, incoming=incoming)
-    # The compacted context to send; read again if the compaction could not read it.
-    context = result.context or context_get(conversation=conversation)
-    return context, AutoCompaction(
-        compacted=result.compacted,
-        reason=result.reason,
-        summary_version=result.summary.version if result.summary else None,
-        over_trigger=result.over_trigger,
+    incoming = None
+    if policy.over(len(context.messages) + len(new), context.token_count + new_tokens):
+        # Forced: the stored context alone may be below the trigger; the new message is not.
+        replies = (
+            row.token_count for row in reversed(context.body_rows) if row.role == "assistant"
+        )
+        incoming = (len(new) + 1, new_tokens + next(replies, 0))
+    return _Planned(
+        conversation=conversation,
+        context=context,
+        new=new,
+        new_tokens=new_tokens,
+        incoming=incoming,
     )
 
 
-class ChatStream(Iterator[dict[str, Any] | ChatResult]):
+def _ready(ask: _Ask, planned: _Planned, result: CompactionResult | None) -> _Turn:
+    """The turn ready for its call, after the compaction (``result``, None when none was
+    due; a failed one raised SummarizerError): the ceiling checked, the request built."""
+    conversation, context, compaction = planned.conversation, planned.context, None
+    if result is not None:
+        # The compacted context to send; read again if the compaction could not read it.
+        context = result.context or context_get(conversation=conversation)
+        compaction = AutoCompaction(
+            compacted=result.compacted,
+            reason=result.reason,
+            summary_version=result.summary.version if result.summary else None,
+            over_trigger=result.over_trigger,
+        )
+    size, ceiling = context.token_count + planned.new_tokens, context.max_context_tokens
+    if ceiling is not None and size > ceiling:
+        raise ContextTooLong(CONTEXT_TOO_LONG.format(tokens=size, limit=ceiling))
+    options = dict(ask.options)
+    primary = options.pop("model", None) or conversation.model or ctxsum_settings.DEFAULT_MODEL
+    return _Turn(
+        caller=ask.caller,
+        conversation=conversation,
+        reservation=ask.reservation,
+        message=ask.message,
+        request=[*context.messages, *planned.new],
+        sent=context,
+        options=options,
+        attempts=Attempts(models=model_chain(primary)),
+        user=ask.user,
+        compaction=compaction,
+        idempotency=ask.idempotency,
+    )
+
+
+class ChatStream(Iterator[Event], AsyncIterator[Event]):
     """A streamed turn: iterating it calls the model and yields each chunk of its answer (an
     OpenAI ``chat.completion.chunk`` as a dict, the usage chunk included), then, once the
     reply is stored, the ChatResult. A failure raises from the iteration; nothing is stored
-    then and the reservation is given back, as it is when the stream is closed early."""
+    then and the reservation is given back, as it is when the stream is closed early.
+
+    Iterate it with ``for`` (the model through ``openai.OpenAI``, ``close()`` to stop) or
+    with ``async for`` (through ``openai.AsyncOpenAI``, the commit run in the thread that
+    serves the database; ``aclose()`` to stop): one or the other, once."""
 
     def __init__(self, turn: _Turn) -> None:
         self.turn = turn
         self.result: ChatResult | None = None
         self._started = False
-        self._events = self._run()
+        self._events: Generator[Event, None, None] | None = None
+        self._aevents: AsyncGenerator[Event, None] | None = None
 
-    def __next__(self) -> dict[str, Any] | ChatResult:
+    def __next__(self) -> Event:
         self._started = True
+        if self._events is None:
+            self._events = self._run()
         return next(self._events)
+
+    def __aiter__(self) -> ChatStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        self._started = True
+        if self._aevents is None:
+            self._aevents = self._arun()
+        return await anext(self._aevents)
 
     def close(self) -> None:
         """Stop: a turn not stored yet gives its reservation back."""
         if not self._started:
             turn_release(self.turn.reservation)
-        self._events.close()
+        if self._events is not None:
+            self._events.close()
 
-    def _run(self) -> Generator[dict[str, Any] | ChatResult, None, None]:
+    async def aclose(self) -> None:
+        """``close()`` for a stream iterated with ``async for``."""
+        if not self._started:
+            await sync_to_async(turn_release)(self.turn.reservation)
+        if self._aevents is not None:
+            await self._aevents.aclose()
+
+    def _run(self) -> Generator[Event, None, None]:
         turn, builder = self.turn, ReplyBuilder()
         try:
             for chunk in stream_model(turn.attempts, turn.request, turn.options):
                 builder.add(chunk)
                 yield chunk
-            if builder.finish_reason is None:
-                raise ModelError(client.STREAM_UNFINISHED, transient=True)
-            reply = reply_clean(builder.message())
-            self.result = _commit(turn, reply, builder.usage, builder.finish_reason, streamed=True)
+            reply, finish = _streamed_reply(builder)
+            self.result = _commit(turn, reply, builder.usage, finish, streamed=True)
         except BaseException:
             # A model error, a refused commit, or the client gone (GeneratorExit).
             turn_release(turn.reservation)
             raise
         yield self.result
+
+    async def _arun(self) -> AsyncGenerator[Event, None]:
+        turn, builder = self.turn, ReplyBuilder()
+        try:
+            async with aclosing(astream_model(turn.attempts, turn.request, turn.options)) as chunks:
+                async for chunk in chunks:
+                    builder.add(chunk)
+                    yield chunk
+            reply, finish = _streamed_reply(builder)
+            self.result = await sync_to_async(_commit)(
+                turn, reply, builder.usage, finish, streamed=True
+            )
+        except BaseException:
+            # As _run's; a cancelled task too (the ASGI client gone).
+            await sync_to_async(turn_release)(turn.reservation)
+            raise
+        yield self.result
+
+
+def _streamed_reply(builder: ReplyBuilder) -> tuple[dict[str, Any], str]:
+    """The reply a finished stream built, checked, and its finish reason; a stream cut off
+    without one is a ModelError."""
+    if builder.finish_reason is None:
+        raise ModelError(client.STREAM_UNFINISHED, transient=True)
+    return reply_clean(builder.message()), builder.finish_reason
 
 
 def _commit(

@@ -4,8 +4,8 @@
 from django.urls import path
 
 from ctxsum.api.urls import CONVERSATION
-from ctxsum.chat.views import ConversationChat
+from ctxsum.chat.views import ConversationChat, chat_view
 
 urlpatterns = [
-    path(f"{CONVERSATION}chat/", ConversationChat.as_view(), name="chat"),
+    path(f"{CONVERSATION}chat/", chat_view(ConversationChat.as_view()), name="chat"),
 ]

@@ -1,15 +1,23 @@
 """The chat turn over REST: one call of ``chat_turn``, answered as JSON or as server-sent
 events (docs/architecture.md, "The chat turn"). Its route joins the core's through
-``ctxsum.chat.urls``."""
+``ctxsum.chat.urls``.
+
+Under WSGI the view runs the turn itself, and a stream is a synchronous iterator. Under
+ASGI the view checks the request (authentication, body, Idempotency-Key) and hands the
+turn to ``chat_view``, which runs it with ``achat_turn`` on the event loop: the model's
+answer streams as it comes, and no thread or database connection waits on the model."""
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from functools import wraps
 from typing import Any
 
-from django.http import StreamingHttpResponse
+from asgiref.sync import markcoroutinefunction, sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from rest_framework import exceptions, status
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -19,13 +27,13 @@ from ctxsum.api import schema
 from ctxsum.api.base import CtxsumView
 from ctxsum.api.errors import ServerError, error_body
 from ctxsum.api.exceptions import api_exception
-from ctxsum.api.idempotency import idempotent
+from ctxsum.api.idempotency import REFUSALS, IdempotencyConflict, answer_store, idempotent
 from ctxsum.chat import schema as chat_schema
 from ctxsum.chat.completions import sse
 from ctxsum.chat.serializers import ChatInputSerializer, ChatOutputSerializer
-from ctxsum.chat.services import ChatResult, ChatStream, chat_turn
+from ctxsum.chat.services import ChatResult, ChatStream, achat_turn, chat_turn
 from ctxsum.exceptions import MessagesInvalid
-from ctxsum.services import Claim, key_answer, key_release
+from ctxsum.services import Claim, Found, LeaseLost, key_answer, key_release
 
 logger = logging.getLogger("ctxsum.api")
 
@@ -60,6 +68,8 @@ class ConversationChat(CtxsumView):
     def post(self, request: Request, pk: str) -> Response | StreamingHttpResponse:
         conversation = self.get_conversation()
         fields = {k: v for k, v in self.validated(ChatInputSerializer).items() if v is not None}
+        if isinstance(request._request, ASGIRequest):
+            return TurnPending(self, conversation, fields)
         try:
             result = chat_turn(
                 conversation=conversation,
@@ -76,11 +86,7 @@ class ConversationChat(CtxsumView):
             raise exceptions.ValidationError({"message": error.per_message[0]}) from error
         if not isinstance(result, ChatStream):
             return Response(ChatOutputSerializer(result).data)
-        events = _events(result, first, self.idempotency)
-        response = StreamingHttpResponse(events, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
-        return response
+        return _event_stream(_events(result, first, self.idempotency))
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # An EventSource asks for text/event-stream: answered as such when streaming, and
@@ -88,6 +94,112 @@ class ConversationChat(CtxsumView):
         if "text/event-stream" in request.META.get("HTTP_ACCEPT", ""):
             return (JSONRenderer(), JSONRenderer.media_type)
         return super().perform_content_negotiation(request, force)
+
+
+class TurnPending(StreamingHttpResponse):
+    """What the view answers under ASGI: the checked request, for ``chat_view`` to run.
+    Never sent: ``chat_view`` answers in its place. A streaming response, so that
+    ``@idempotent`` leaves its Idempotency-Key to it."""
+
+    def __init__(self, view: ConversationChat, conversation: Any, fields: dict[str, Any]):
+        super().__init__(())
+        self.view, self.conversation, self.fields = view, conversation, dict(fields)
+        self.claim = view.idempotency
+
+    async def answer(self) -> HttpResponseBase:
+        """Run the turn, as the view does under WSGI: a failure before the model's first
+        chunk is an ordinary JSON error, the key given back; a stored turn's answer is
+        stored on the key."""
+        fields, claim = dict(self.fields), self.claim
+        try:
+            result = await achat_turn(
+                conversation=self.conversation,
+                message=fields.pop("message", None),
+                stream=fields.pop("stream", False),
+                user=self.view.request.user,
+                idempotency=claim,
+                **fields,
+            )
+            first = await anext(result) if isinstance(result, ChatStream) else None
+        except Exception as error:
+            if claim is not None:
+                await sync_to_async(key_release)(claim)
+            return await sync_to_async(self._error)(error)
+        if isinstance(result, ChatStream):
+            return _event_stream(_aevents(result, first, claim))
+        return await sync_to_async(self._stored)(result)
+
+    def _error(self, error: Exception) -> HttpResponseBase:
+        """``error`` answered as the view answers it."""
+        if isinstance(error, MessagesInvalid):
+            error = exceptions.ValidationError({"message": error.per_message[0]})
+        elif isinstance(error, LeaseLost):
+            # The key's claim was taken over by a retry: that one runs, this one stops.
+            error = IdempotencyConflict(*REFUSALS[Found.IN_PROGRESS])
+        view = self.view
+        return view.finalize_response(view.request, view.handle_exception(error))
+
+    def _stored(self, result: ChatResult) -> HttpResponseBase:
+        response = Response(ChatOutputSerializer(result).data)
+        if self.claim is not None:
+            answer_store(self.claim, response)
+        view = self.view
+        return view.finalize_response(view.request, response)
+
+
+def chat_view(drf_view: Callable[..., HttpResponseBase]) -> Callable[..., Any]:
+    """The chat route's view: ``drf_view`` (``ConversationChat.as_view()``), and under
+    ASGI the turn it hands on (``TurnPending``) run on the event loop."""
+
+    # Its class, CSRF exemption (DRF checks CSRF itself) and non-atomic requests are
+    # drf_view's: what the URL resolver, the schema and the middleware read.
+    @wraps(drf_view)
+    async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        response = await sync_to_async(drf_view)(request, *args, **kwargs)
+        if isinstance(response, TurnPending):
+            return await response.answer()
+        return response
+
+    return markcoroutinefunction(view)
+
+
+def _event_stream(events: Iterator[bytes] | AsyncIterator[bytes]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response
+
+
+async def _aevents(stream: ChatStream, first: Any, claim: Claim | None) -> AsyncIterator[bytes]:
+    """``_events`` of a stream iterated with ``async for``: the database's work (the
+    commit, the answer, the key) in the thread that serves it."""
+    stored = False
+    try:
+        event = first
+        while True:
+            if isinstance(event, ChatResult):
+                stored = True
+                for chunk in await sync_to_async(_stored_list)(event, claim):
+                    yield chunk
+            else:
+                yield sse(event)
+            try:
+                event = await anext(stream)
+            except StopAsyncIteration:
+                break
+    except Exception as error:
+        if stored:
+            logger.exception(ANSWER_FAILED, stream.turn.reservation.conversation_pk)
+        else:
+            yield sse(_stream_error(error), event="error")
+    finally:
+        await stream.aclose()
+        if claim is not None and not stored:
+            await sync_to_async(key_release)(claim)
+
+
+def _stored_list(result: ChatResult, claim: Claim | None) -> list[bytes]:
+    return list(_stored_events(result, claim))
 
 
 def _events(stream: ChatStream, first: Any, claim: Claim | None) -> Iterator[bytes]:

@@ -8,7 +8,7 @@ The chat turn's writes are the ``ctxsum.chat`` app's own (``ctxsum.chat.services
 """
 
 from ctxsum.services.autocompact import compaction_queued_at, conversation_compact_queued
-from ctxsum.services.compaction import conversation_compact
+from ctxsum.services.compaction import aconversation_compact, conversation_compact
 from ctxsum.services.conversations import (
     MAX_SUBJECT_CHARS,
     POLICY_FIELDS,
@@ -39,7 +39,7 @@ from ctxsum.services.imports import (
     record_import,
     record_parse,
 )
-from ctxsum.services.messages import message_append
+from ctxsum.services.messages import amessage_append, message_append
 from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.services.redaction import WITHHELD, message_redact
 from ctxsum.services.revert import conversation_revert
@@ -47,6 +47,8 @@ from ctxsum.services.row_lease import LeaseLost
 from ctxsum.services.transactions import write_db
 
 __all__ = [
+    "aconversation_compact",
+    "amessage_append",
     "conversation_compact",
     "conversation_compact_queued",
     "conversation_create",

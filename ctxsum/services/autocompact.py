@@ -15,6 +15,7 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -25,7 +26,11 @@ from ctxsum.exceptions import SummarizerError
 from ctxsum.models import CompactionAttempt, Conversation
 from ctxsum.policy import Reason, failure_reason
 from ctxsum.selectors import conversation_policy, summary_withheld
-from ctxsum.services.compaction import CompactionResult, conversation_compact
+from ctxsum.services.compaction import (
+    CompactionResult,
+    aconversation_compact,
+    conversation_compact,
+)
 from ctxsum.services.leases import lease_expires, lease_seconds
 from ctxsum.services.rebuild import conversation_rebuild, rebuild_gave_no_gain
 from ctxsum.services.transactions import write_db
@@ -152,17 +157,32 @@ def conversation_autocompact(
 ) -> AutoCompaction | None:
     """After an append has committed: what ``schedule`` said, carried out (``NOW`` inside a
     caller's transaction waits for its commit). Never raises; None when AUTO_COMPACT is off."""
-    if schedule is Schedule.OFF:
-        return None
-    if schedule is Schedule.BELOW:
-        return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
-    if schedule is Schedule.QUEUED:
-        return AutoCompaction(compacted=False, reason=Reason.QUEUED)
+    if schedule is not Schedule.NOW:
+        return _not_now(schedule)
     db = write_db(conversation)
     if transaction.get_connection(using=db).in_atomic_block:
         transaction.on_commit(partial(_autocompact, conversation), using=db)
         return AutoCompaction(compacted=False, reason=Reason.DEFERRED)
     return _autocompact(conversation)
+
+
+async def aconversation_autocompact(
+    *, conversation: Conversation, schedule: Schedule
+) -> AutoCompaction | None:
+    """``conversation_autocompact`` for async code (``amessage_append``): a ``NOW``
+    compaction through ``aconversation_compact``. Async code holds no transaction."""
+    if schedule is not Schedule.NOW:
+        return _not_now(schedule)
+    return await _aautocompact(conversation)
+
+
+def _not_now(schedule: Schedule) -> AutoCompaction | None:
+    """What a schedule but ``NOW`` answers: nothing to run in this process."""
+    if schedule is Schedule.OFF:
+        return None
+    if schedule is Schedule.BELOW:
+        return AutoCompaction(compacted=False, reason=Reason.BELOW_TRIGGER)
+    return AutoCompaction(compacted=False, reason=Reason.QUEUED)
 
 
 def conversation_compact_queued(
@@ -225,9 +245,33 @@ def _compact_rounds(conversation: Conversation) -> AutoCompaction:
     for _round in range(MAX_ROUNDS):
         newest = conversation.next_seq
         result = conversation_compact(conversation=conversation)
-        if not (result.compacted and result.over_trigger and conversation.next_seq > newest):
+        if not _again(conversation, result, newest):
             break
     assert result is not None
+    return _rounds_done(conversation, result)
+
+
+async def _acompact_rounds(conversation: Conversation) -> AutoCompaction:
+    """``_compact_rounds`` with ``aconversation_compact``."""
+    result: CompactionResult | None = None
+    for _round in range(MAX_ROUNDS):
+        newest = conversation.next_seq
+        result = await aconversation_compact(conversation=conversation)
+        if not _again(conversation, result, newest):
+            break
+    assert result is not None
+    return await sync_to_async(_rounds_done)(conversation, result)
+
+
+def _again(conversation: Conversation, result: CompactionResult, newest: int) -> bool:
+    """Whether another round follows: messages appended during the call (after ``newest``)
+    left the compacted context at its trigger."""
+    return result.compacted and result.over_trigger and conversation.next_seq > newest
+
+
+def _rounds_done(conversation: Conversation, result: CompactionResult) -> AutoCompaction:
+    """What the rounds did, their last ``result``; a summary still withheld after a
+    redaction is rebuilt first."""
     withheld = not result.compacted and summary_withheld(conversation=conversation)
     if withheld and not rebuild_gave_no_gain(conversation, db=write_db(conversation)):
         rebuilt = conversation_rebuild(conversation=conversation)
@@ -246,11 +290,23 @@ def _compact_rounds(conversation: Conversation) -> AutoCompaction:
 def _autocompact(conversation: Conversation) -> AutoCompaction:
     try:
         return _compact_rounds(conversation)
-    except SummarizerError as error:
+    except Exception as error:
+        return _auto_failed(conversation, error)
+
+
+async def _aautocompact(conversation: Conversation) -> AutoCompaction:
+    try:
+        return await _acompact_rounds(conversation)
+    except Exception as error:
+        return _auto_failed(conversation, error)
+
+
+def _auto_failed(conversation: Conversation, error: Exception) -> AutoCompaction:
+    """What an automatic compaction that raised ``error`` answers: it never raises."""
+    if isinstance(error, SummarizerError):
         reason = failure_reason(error)
         return AutoCompaction(compacted=False, reason=reason, detail=str(SUMMARIZER_FAILED))
-    except Conversation.DoesNotExist:
+    if isinstance(error, Conversation.DoesNotExist):
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
-    except Exception as error:
-        logger.exception("Automatic compaction of conversation %s failed.", conversation.pk)
-        return AutoCompaction(compacted=False, reason=Reason.ERROR, detail=type(error).__name__)
+    logger.exception("Automatic compaction of conversation %s failed.", conversation.pk)
+    return AutoCompaction(compacted=False, reason=Reason.ERROR, detail=type(error).__name__)

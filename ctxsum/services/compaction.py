@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 from django.db.models import Max, Q
 
@@ -24,9 +25,17 @@ from ctxsum.hooks import SummaryCommitted, commit_apply, commit_lock, concerned
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary, single
 from ctxsum.policy import Incoming, Plan, Policy, Reason, Sizing, failure_reason, plan_compaction
 from ctxsum.selectors import ActiveContext, context_get, conversation_policy, current_prompt
-from ctxsum.services.leases import LeaseLost, WriteNothing, lease_lock, lease_renew, leased
+from ctxsum.services.leases import (
+    LeaseLost,
+    WriteNothing,
+    aleased,
+    lease_lock,
+    lease_renew,
+    leased,
+)
 from ctxsum.services.summaries import (
     Written,
+    asummary_write,
     payoff_sizing,
     summary_coverage,
     summary_size,
@@ -115,12 +124,71 @@ def conversation_compact(
     SummarizerError when the summarizer fails (recorded, nothing changed, no retry),
     Conversation.DoesNotExist when the conversation is deleted meanwhile.
     ``conversation`` is brought up to date."""
+    run = _planned(conversation, force=force, dry_run=dry_run, incoming=incoming)
+    if isinstance(run, CompactionResult):
+        return run
+    try:
+        with leased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
+            if token is None:
+                return _skipped(run, Reason.IN_PROGRESS, archived=[])
+            # Outside every transaction: the LLM call may take seconds and holds no lock.
+            written = summary_write(
+                run.conversation,
+                run.so_far,
+                run.source,
+                budget=run.plan.summary_budget,
+                before_call=partial(lease_renew, run.conversation, token, db=run.db),
+            )
+            summary, attempt = _written_commit(run, written, token)
+    except (WriteNothing, LeaseLost) as nothing:
+        return _not_written(run, nothing)
+    return _compacted(run, summary, attempt)
+
+
+async def aconversation_compact(
+    *,
+    conversation: Conversation,
+    force: bool = False,
+    dry_run: bool = False,
+    incoming: Incoming = (0, 0),
+) -> CompactionResult:
+    """``conversation_compact`` for async code: the same snapshot, plan, lease and commit,
+    each run in the thread that serves the database, and the summarizer's ``aanswer()``
+    awaited between them with no connection in use."""
+    run = await sync_to_async(_planned)(
+        conversation, force=force, dry_run=dry_run, incoming=incoming
+    )
+    if isinstance(run, CompactionResult):
+        return run
+    try:
+        async with aleased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
+            if token is None:
+                return await sync_to_async(_skipped)(run, Reason.IN_PROGRESS, archived=[])
+            renew = sync_to_async(partial(lease_renew, run.conversation, token, db=run.db))
+            written = await asummary_write(
+                run.conversation,
+                run.so_far,
+                run.source,
+                budget=run.plan.summary_budget,
+                before_call=renew,
+            )
+            summary, attempt = await sync_to_async(_written_commit)(run, written, token)
+    except (WriteNothing, LeaseLost) as nothing:
+        return await sync_to_async(_not_written)(run, nothing)
+    return await sync_to_async(_compacted)(run, summary, attempt)
+
+
+def _planned(
+    conversation: Conversation, *, force: bool, dry_run: bool, incoming: Incoming
+) -> _Run | CompactionResult:
+    """The snapshot's run when it compacts; else what the compaction answers without a
+    summarizer call (a dry run, nothing to compact, a range that gave no gain before)."""
     run = _snapshot(conversation, force=force, incoming=incoming)
     if dry_run or not run.plan.compacts:
         return _planned_only(run, dry_run=dry_run)
     if _had_no_gain(run):
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
-    return _compact_leased(run)
+    return run
 
 
 def _snapshot(conversation: Conversation, *, force: bool, incoming: Incoming) -> _Run:
@@ -190,26 +258,21 @@ def _had_no_gain(run: _Run) -> bool:
     )
 
 
-def _compact_leased(run: _Run) -> CompactionResult:
-    """Take the lease, summarize and commit; a failure is recorded and raised."""
-    try:
-        with leased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
-            if token is None:
-                return _skipped(run, Reason.IN_PROGRESS, archived=[])
-            # Outside every transaction: the LLM call may take seconds and holds no lock.
-            written = summary_write(
-                run.conversation,
-                run.so_far,
-                run.source,
-                budget=run.plan.summary_budget,
-                before_call=partial(lease_renew, run.conversation, token, db=run.db),
-            )
-            gain_check(written, replaced_tokens=_replaced(run))
-            summary, attempt = _commit(run, written, token)
-    except NoGain:
+def _written_commit(run: _Run, written: Written, token: str) -> tuple[Summary, CompactionAttempt]:
+    """Commit what the summarizer wrote, unless it gains nothing (NoGain)."""
+    gain_check(written, replaced_tokens=_replaced(run))
+    return _commit(run, written, token)
+
+
+def _not_written(run: _Run, nothing: WriteNothing | LeaseLost) -> CompactionResult:
+    """The answer of a compaction that wrote nothing: no gain, or a race lost."""
+    if isinstance(nothing, NoGain):
         return _skipped(run, Reason.NO_GAIN, archived=run.archived)
-    except (_Conflict, LeaseLost):
-        return _skipped(run, Reason.CONFLICT, archived=run.archived, outcome=Outcome.CONFLICT)
+    return _skipped(run, Reason.CONFLICT, archived=run.archived, outcome=Outcome.CONFLICT)
+
+
+def _compacted(run: _Run, summary: Summary, attempt: CompactionAttempt) -> CompactionResult:
+    """The answer of a compaction that committed, with the context it left."""
     conversation = run.conversation
     try:
         conversation.update_from(Conversation.objects.using(run.db).get(pk=conversation.pk))

@@ -6,8 +6,10 @@ a rebuild and a revert run in.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+from asgiref.sync import sync_to_async
 
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
@@ -50,19 +52,49 @@ def leased(
         return
     try:
         yield token
-    except Conversation.DoesNotExist:
-        raise  # deleted meanwhile: nothing left to release or record
-    except (WriteNothing, LeaseLost):
-        lease_release(conversation, token, db=db)
+    except BaseException as error:
+        _given_up(conversation, token, db=db, failed=failed, error=error)
         raise
-    except Exception as error:
+
+
+@asynccontextmanager
+async def aleased(
+    conversation: Conversation, *, db: str, failed: Callable[[BaseException], None] | None = None
+) -> AsyncIterator[str | None]:
+    """``leased`` for a body that awaits (``aconversation_compact``): the lease taken and
+    given up as ``leased`` does, in the thread that serves the database."""
+    token = await sync_to_async(lease_take)(conversation, db=db)
+    if token is None:
+        yield None
+        return
+    try:
+        yield token
+    except BaseException as error:
+        await sync_to_async(_given_up)(conversation, token, db=db, failed=failed, error=error)
+        raise
+
+
+def _given_up(
+    conversation: Conversation,
+    token: str,
+    *,
+    db: str,
+    failed: Callable[[BaseException], None] | None,
+    error: BaseException,
+) -> None:
+    """What a body that raised ``error`` leaves: the lease released (none to release for a
+    conversation deleted meanwhile) and, unless the body was to write nothing, ``failed``
+    told."""
+    if isinstance(error, Conversation.DoesNotExist):
+        return  # deleted meanwhile: nothing left to release or record
+    if isinstance(error, WriteNothing | LeaseLost):
+        lease_release(conversation, token, db=db)
+    elif isinstance(error, Exception):
         lease_release(conversation, token, db=db)
         if failed is not None:
             failed(error)
-        raise
-    except BaseException as interruption:
-        _interrupted(conversation, token, db=db, failed=failed, interruption=interruption)
-        raise
+    else:
+        _interrupted(conversation, token, db=db, failed=failed, interruption=error)
 
 
 def _interrupted(

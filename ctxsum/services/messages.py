@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.db.models import Exists, OuterRef
@@ -26,6 +27,7 @@ from ctxsum.services.append_claim import append_claim, append_claim_insert
 from ctxsum.services.autocompact import (
     AutoCompaction,
     Schedule,
+    aconversation_autocompact,
     autocompact_schedule,
     conversation_autocompact,
 )
@@ -228,13 +230,32 @@ def message_append(
     in the result; a failed one never undoes the append). Raises ValidationError naming
     every bad field, or TooLarge. ``idempotency`` (an Idempotency-Key's claim) is marked
     applied in the append's transaction. ``conversation`` is brought up to date."""
+    rows, schedule = _appended_rows(conversation, messages, idempotency)
+    compaction = conversation_autocompact(conversation=conversation, schedule=schedule)
+    return Appended(messages=rows, compaction=compaction)
+
+
+async def amessage_append(
+    *, conversation: Conversation, messages: Sequence[Any], idempotency: Claim | None = None
+) -> Appended:
+    """``message_append`` for async code: the same append, in the thread that serves the
+    database, then an automatic compaction in this process through
+    ``aconversation_compact``."""
+    rows, schedule = await sync_to_async(_appended_rows)(conversation, messages, idempotency)
+    compaction = await aconversation_autocompact(conversation=conversation, schedule=schedule)
+    return Appended(messages=rows, compaction=compaction)
+
+
+def _appended_rows(
+    conversation: Conversation, messages: Sequence[Any], idempotency: Claim | None
+) -> tuple[list[Message], Schedule]:
+    """Check and store ``messages``: the rows stored and what follows the append."""
     cleaned = messages_clean(messages)
     counts = messages_count(conversation, cleaned)
     db = write_db(conversation)
     locked, rows, schedule = _append(conversation, cleaned, counts, db=db, key=idempotency)
     conversation.update_from(locked)
-    compaction = conversation_autocompact(conversation=conversation, schedule=schedule)
-    return Appended(messages=rows, compaction=compaction)
+    return rows, schedule
 
 
 def _append(

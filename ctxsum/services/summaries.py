@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import asdict, dataclass
 from functools import partial
 
 from django.utils.translation import gettext_lazy as _
@@ -22,7 +22,7 @@ from ctxsum.policy import MIN_SUMMARY_BUDGET
 from ctxsum.selectors import summary_message
 from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers import get_summarizer
-from ctxsum.summarizers.base import BLANK_SUMMARY
+from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer, SummaryAnswer
 from ctxsum.summarizers.facts import ASKED_FACTS, ProposedFact
 
 # Room kept in every summarizer call for the summary so far and the instruction's framing.
@@ -101,6 +101,21 @@ def _call_overhead(prompt: str, model: str | None) -> int:
     return tokens.context_tokens(tokens.count_message(message, model=model) for message in sent)
 
 
+@dataclass(frozen=True, kw_only=True)
+class SummaryCall:
+    """One summarizer call of a summary: ``Summarizer.answer()``'s arguments."""
+
+    prompt: str
+    history: str
+    model: str
+    budget: int
+
+
+# A summary's writing, without its calls: yields each call, is sent its answer, and returns
+# what was written (``summary_steps``).
+Steps = Generator[SummaryCall, SummaryAnswer, Written]
+
+
 def summary_write(
     conversation: Conversation,
     previous: Summary | None,
@@ -111,7 +126,52 @@ def summary_write(
 ) -> Written:
     """The new summary from ``previous`` plus ``archived``, in as many calls as the input
     budget needs; ``before_call`` runs before every call but the first."""
-    summarizer, model = get_summarizer(), summary_model(conversation)
+    summarizer = get_summarizer()
+    steps = summary_steps(conversation, previous, archived, budget=budget, summarizer=summarizer)
+    call = next(steps)
+    while True:
+        try:
+            call = steps.send(summarizer.answer(**asdict(call)))
+        except StopIteration as done:
+            written: Written = done.value
+            return written
+        before_call()
+
+
+async def asummary_write(
+    conversation: Conversation,
+    previous: Summary | None,
+    archived: Sequence[Message],
+    *,
+    budget: int,
+    before_call: Callable[[], Awaitable[None]],
+) -> Written:
+    """``summary_write`` with the summarizer's ``aanswer()``: the same steps, awaited; run
+    from the event loop (the steps read no database)."""
+    summarizer = get_summarizer()
+    steps = summary_steps(conversation, previous, archived, budget=budget, summarizer=summarizer)
+    call = next(steps)
+    while True:
+        try:
+            call = steps.send(await summarizer.aanswer(**asdict(call)))
+        except StopIteration as done:
+            written: Written = done.value
+            return written
+        await before_call()
+
+
+def summary_steps(
+    conversation: Conversation,
+    previous: Summary | None,
+    archived: Sequence[Message],
+    *,
+    budget: int,
+    summarizer: Summarizer,
+) -> Steps:
+    """Writing the new summary from ``previous`` plus ``archived``: the calls the input
+    budget needs (``SummaryCall``), each answer checked, the summary so far carried to the
+    next call, and the facts of all of them merged into the ``Written`` returned."""
+    model = summary_model(conversation)
     prompt = summary_prompt(budget, summarizer.facts_instruction())
     count = partial(tokens.count_text, model=conversation.model or None)
     room = history_room(prompt, count)
@@ -126,11 +186,9 @@ def summary_write(
     skipped: list[list[str]] = []  # per call
     input_tokens = output_tokens = 0
     started = time.monotonic()
-    for index, chunk in enumerate(chunks):
-        if index:
-            before_call()
+    for chunk in chunks:
         history = formatting.with_summary_so_far(text, chunk)
-        answer = summarizer.answer(prompt=prompt, history=history, model=model, budget=budget)
+        answer = yield SummaryCall(prompt=prompt, history=history, model=model, budget=budget)
         if not answer.summary or not answer.summary.strip():
             raise SummarizerError(BLANK_SUMMARY)
         text = answer.summary.strip()

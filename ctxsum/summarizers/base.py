@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from asgiref.sync import sync_to_async
 from django.core import checks
 
 from ctxsum.exceptions import SummarizerError
@@ -80,6 +81,13 @@ class Summarizer(ABC):
         return SummaryAnswer(
             summary=result, facts_skipped=(NO_FACTS.format(backend=self.dotted_path()),)
         )
+
+    async def aanswer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        """``answer()`` for the async API (``aconversation_compact``). This default runs it in
+        a thread of its own, so a backend without an async client never blocks the event
+        loop nor the thread that serves the database; a backend with one overrides it."""
+        call = sync_to_async(self.answer, thread_sensitive=False)
+        return await call(prompt=prompt, history=history, model=model, budget=budget)
 
     def facts_instruction(self) -> str:
         """What the prompt adds so that the answer carries key facts, in the form this

@@ -7,11 +7,13 @@ client) this is the only module importing ``openai``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from numbers import Real
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, overload
 
 import openai
 from django.core import checks
@@ -121,6 +123,7 @@ NO_CREDENTIALS_HINT = (
 )
 
 _DETAIL_CHARS = 200
+C = TypeVar("C", openai.OpenAI, openai.AsyncOpenAI)
 
 
 class OpenAISummarizer(Summarizer):
@@ -181,45 +184,86 @@ class OpenAISummarizer(Summarizer):
             return super().answer(prompt=prompt, history=history, model=model, budget=budget)
         return self._call(prompt=prompt, history=history, model=model, budget=budget)
 
+    async def aanswer(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
+        """``answer()`` through ``openai.AsyncOpenAI``: the same request and answer."""
+        if self._plain:
+            return await super().aanswer(prompt=prompt, history=history, model=model, budget=budget)
+        self.require_history(history)
+        client, facts_format = self._aclient(), self.facts_format
+        try:
+            create: Any = client.chat.completions.create
+            response = await create(**self._request(prompt, history, model, facts_format))
+        except Exception as exc:
+            failure = self._failure(exc, client)
+            if failure is None:
+                raise
+            raise failure from exc
+        return _answer(response, max_tokens=self.max_tokens, facts_format=facts_format)
+
     def _call(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
         self.require_history(history)
-        client = self.client
+        client, facts_format = self.client, self.facts_format
+        try:
+            create: Any = client.chat.completions.create
+            response = create(**self._request(prompt, history, model, facts_format))
+        except Exception as exc:
+            failure = self._failure(exc, client)
+            if failure is None:
+                raise
+            raise failure from exc
+        return _answer(response, max_tokens=self.max_tokens, facts_format=facts_format)
+
+    def _aclient(self) -> openai.AsyncOpenAI:
+        """The instance's async client for the running event loop: a client's connections
+        belong to the loop that opened them."""
+        clients = self.__dict__.setdefault("_aclients", weakref.WeakKeyDictionary())
+        loop = asyncio.get_running_loop()
+        if loop not in clients:
+            try:
+                clients[loop] = openai_client(
+                    self.options, timeout=self.timeout, client_class=openai.AsyncOpenAI
+                )
+            except openai.OpenAIError as exc:
+                raise SummarizerError(f"{CLIENT_FAILED} {exc}", cause=exc) from exc
+        client: openai.AsyncOpenAI = clients[loop]
+        return client
+
+    def _request(self, prompt: str, history: str, model: str, facts_format: str) -> dict[str, Any]:
+        """The keyword arguments of the call's ``chat.completions.create``."""
         limit = self.options.get("max_tokens_param") or MAX_TOKENS_PARAMS[0]
         extra: dict[str, Any] = {limit: self.max_tokens}
         if self.options.get("temperature") is not None:
             extra["temperature"] = self.options["temperature"]
         if self.options.get("extra_body"):
             extra["extra_body"] = dict(self.options["extra_body"])
-        facts_format = self.facts_format
         if facts_format == "json_schema":
             extra["response_format"] = {"type": "json_schema", "json_schema": FACTS_SCHEMA}
-        try:
-            response = client.chat.completions.create(
-                model=model,
-                messages=[
-                    {"role": "system", "content": prompt},
-                    {"role": "user", "content": history},
-                ],
-                **extra,
-            )
+        messages = [{"role": "system", "content": prompt}, {"role": "user", "content": history}]
+        return {"model": model, "messages": messages, **extra}
+
+    def _failure(
+        self, exc: Exception, client: openai.OpenAI | openai.AsyncOpenAI
+    ) -> SummarizerError | None:
+        """The SummarizerError saying what the call's ``exc`` means; None when it is not the
+        client's (it propagates as it is)."""
         # APITimeoutError is an APIConnectionError: it must come first.
-        except openai.APITimeoutError as exc:
-            raise SummarizerError(TIMED_OUT.format(timeout=float(self.timeout)), cause=exc) from exc
-        except openai.APIConnectionError as exc:
+        if isinstance(exc, openai.APITimeoutError):
+            return SummarizerError(TIMED_OUT.format(timeout=float(self.timeout)), cause=exc)
+        if isinstance(exc, openai.APIConnectionError):
             # Userinfo in a base URL would be a credential: keep it out of the message.
-            message = CONNECTION_FAILED.format(base_url=client.base_url.copy_with(userinfo=b""))
-            raise SummarizerError(message, cause=exc) from exc
-        except openai.APIStatusError as exc:
+            base_url = client.base_url.copy_with(userinfo=b"")
+            return SummarizerError(CONNECTION_FAILED.format(base_url=base_url), cause=exc)
+        if isinstance(exc, openai.APIStatusError):
             message = HTTP_ERROR.format(status=exc.status_code)
             detail = error_detail(exc.body)
-            raise SummarizerError(f"{message} {detail}" if detail else message, cause=exc) from exc
-        except (openai.APIResponseValidationError, ValueError, RecursionError) as exc:
+            return SummarizerError(f"{message} {detail}" if detail else message, cause=exc)
+        if isinstance(exc, openai.APIResponseValidationError | ValueError | RecursionError):
             # A 200 whose JSON body does not parse surfaces as json.JSONDecodeError, one
             # nested deeper than the parser recurses as RecursionError.
-            raise SummarizerError(MALFORMED_RESPONSE, cause=exc) from exc
-        except openai.OpenAIError as exc:
-            raise SummarizerError(f"{CALL_FAILED} {exc}", cause=exc) from exc
-        return _answer(response, max_tokens=self.max_tokens, facts_format=facts_format)
+            return SummarizerError(MALFORMED_RESPONSE, cause=exc)
+        if isinstance(exc, openai.OpenAIError):
+            return SummarizerError(f"{CALL_FAILED} {exc}", cause=exc)
+        return None
 
     def check(self) -> list[checks.CheckMessage]:
         obj = self.dotted_path()
@@ -246,16 +290,22 @@ class OpenAISummarizer(Summarizer):
         return errors
 
 
-def openai_client(options: Mapping[str, Any], *, timeout: float) -> openai.OpenAI:
-    """A client of ``options``' ``base_url`` and ``api_key`` (else OPENAI_BASE_URL and
-    OPENAI_API_KEY) that makes one attempt per call: the callers retry, if at all. Raises
-    openai.OpenAIError."""
+@overload
+def openai_client(options: Mapping[str, Any], *, timeout: float) -> openai.OpenAI: ...
+@overload
+def openai_client(options: Mapping[str, Any], *, timeout: float, client_class: type[C]) -> C: ...
+def openai_client(
+    options: Mapping[str, Any], *, timeout: float, client_class: type[Any] = openai.OpenAI
+) -> Any:
+    """A client (``client_class``: ``openai.OpenAI`` or ``openai.AsyncOpenAI``) of
+    ``options``' ``base_url`` and ``api_key`` (else OPENAI_BASE_URL and OPENAI_API_KEY) that
+    makes one attempt per call: the callers retry, if at all. Raises openai.OpenAIError."""
     base_url = options.get("base_url") or None
     api_key = options.get("api_key") or None
     has_base_url = base_url or os.environ.get("OPENAI_BASE_URL")
     if api_key is None and not os.environ.get("OPENAI_API_KEY") and has_base_url:
         api_key = PLACEHOLDER_API_KEY
-    return openai.OpenAI(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
+    return client_class(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
 
 
 class MalformedResponse(ValueError):
