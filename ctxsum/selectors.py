@@ -6,7 +6,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
 
 from ctxsum.conf import ctxsum_settings
@@ -14,11 +13,13 @@ from ctxsum.hooks import Block, context_blocks, contributed_stats
 from ctxsum.layout import LEADING, SUMMARY, ContextLayout, Part, layout_of
 from ctxsum.models import Conversation, Message, Summary, SummaryQuerySet, single
 from ctxsum.policy import Policy, default_ceiling, parse_policy
+from ctxsum.threads import database_sync_to_async
 
 # The reads the README documents ("The Python API"), the context's type, and the reads the
 # REST layer and the admin also use.
 __all__ = [
     "ActiveContext",
+    "acontext_get",
     "active_summary_version",
     "context_get",
     "conversation_effective_policy",
@@ -201,7 +202,7 @@ def context_get(*, conversation: Conversation) -> ActiveContext:
 
 async def acontext_get(*, conversation: Conversation) -> ActiveContext:
     """``context_get`` for async code, run in the thread that serves the database."""
-    context: ActiveContext = await sync_to_async(context_get)(conversation=conversation)
+    context: ActiveContext = await database_sync_to_async(context_get)(conversation=conversation)
     return context
 
 

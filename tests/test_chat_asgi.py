@@ -18,7 +18,9 @@ from ctxsum.services import conversation_create
 from tests.factories import long_user_message, user_message
 from tests.support.urls import api_url
 
-pytestmark = pytest.mark.django_db
+# The endpoint runs a turn's database work in its own thread (ctxsum.chat.views.DATABASE):
+# what the test writes must be committed for it to see.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
 HISTORY = [long_user_message(f"u{n}") for n in range(2)]

@@ -62,7 +62,8 @@ def documented_chat(module: str) -> set[str]:
 
 def test_the_chat_app_exports_what_the_readme_documents():
     writes = documented_chat("ctxsum.chat.services")
-    assert writes == set(chat_services.__all__) == {"chat_turn", "ChatResult", "ChatStream"}
+    expected = {"chat_turn", "achat_turn", "ChatResult", "ChatStream"}
+    assert writes == set(chat_services.__all__) == expected
     assert documented_chat("ctxsum.chat.selectors") == set(chat_selectors.__all__)
     core = set(services.__all__) | set(selectors.__all__)
     assert not (writes | set(chat_selectors.__all__)) & core
@@ -84,6 +85,20 @@ def test_the_documented_writes_take_keywords_only():
     for name in writes - {"file_import", "write_db"}:
         parameters = inspect.signature(getattr(services, name)).parameters.values()
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters), name
+
+
+@pytest.mark.parametrize(
+    ("sync", "twin"),
+    [
+        (services.message_append, services.amessage_append),
+        (services.conversation_compact, services.aconversation_compact),
+        (selectors.context_get, selectors.acontext_get),
+        (chat_services.chat_turn, chat_services.achat_turn),
+    ],
+)
+def test_each_async_twin_takes_what_its_sync_function_takes(sync, twin):
+    assert inspect.iscoroutinefunction(twin) and not inspect.iscoroutinefunction(sync)
+    assert inspect.signature(twin).parameters == inspect.signature(sync).parameters
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any, Literal, overload
 
-from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from ctxsum.chat import client
@@ -54,6 +53,7 @@ from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.messages import messages_count, messages_insert, tool_results_check
 from ctxsum.services.row_lease import LeaseLost
 from ctxsum.services.transactions import write_db
+from ctxsum.threads import database_sync_to_async
 
 # The Python API of the chat turn (README, "The Python API").
 __all__ = ["ChatResult", "ChatStream", "achat_turn", "chat_turn"]
@@ -249,23 +249,23 @@ async def achat_turn(
         "temperature": temperature,
         "max_completion_tokens": max_completion_tokens,
     }
-    ask = await sync_to_async(_asked)(conversation, message, options, user, idempotency)
+    ask = await database_sync_to_async(_asked)(conversation, message, options, user, idempotency)
     try:
-        planned = await sync_to_async(_planned)(ask)
+        planned = await database_sync_to_async(_planned)(ask)
         result = None
         if planned.incoming is not None:
             result = await aconversation_compact(
                 conversation=planned.conversation, force=True, incoming=planned.incoming
             )
-        turn = await sync_to_async(_ready)(ask, planned, result)
+        turn = await database_sync_to_async(_ready)(ask, planned, result)
         if stream:
             return ChatStream(turn)
         completion, reply = await acall_model(turn.attempts, turn.request, turn.options)
-        return await sync_to_async(_commit)(
+        return await database_sync_to_async(_commit)(
             turn, reply, completion.usage, completion.finish_reason, streamed=False
         )
     except BaseException:
-        await sync_to_async(turn_release)(ask.reservation)
+        await database_sync_to_async(turn_release)(ask.reservation)
         raise
 
 
@@ -442,7 +442,7 @@ class ChatStream(Iterator[Event], AsyncIterator[Event]):
     async def aclose(self) -> None:
         """``close()`` for a stream iterated with ``async for``."""
         if not self._started:
-            await sync_to_async(turn_release)(self.turn.reservation)
+            await database_sync_to_async(turn_release)(self.turn.reservation)
         if self._aevents is not None:
             await self._aevents.aclose()
 
@@ -468,12 +468,12 @@ class ChatStream(Iterator[Event], AsyncIterator[Event]):
                     builder.add(chunk)
                     yield chunk
             reply, finish = _streamed_reply(builder)
-            self.result = await sync_to_async(_commit)(
+            self.result = await database_sync_to_async(_commit)(
                 turn, reply, builder.usage, finish, streamed=True
             )
         except BaseException:
             # As _run's; a cancelled task too (the ASGI client gone).
-            await sync_to_async(turn_release)(turn.reservation)
+            await database_sync_to_async(turn_release)(turn.reservation)
             raise
         yield self.result
 

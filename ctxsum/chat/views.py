@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
 from typing import Any
 
@@ -34,6 +35,7 @@ from ctxsum.chat.serializers import ChatInputSerializer, ChatOutputSerializer
 from ctxsum.chat.services import ChatResult, ChatStream, achat_turn, chat_turn
 from ctxsum.exceptions import MessagesInvalid
 from ctxsum.services import Claim, Found, LeaseLost, key_answer, key_release
+from ctxsum.threads import database_executor, database_sync_to_async
 
 logger = logging.getLogger("ctxsum.api")
 
@@ -96,6 +98,11 @@ class ConversationChat(CtxsumView):
         return super().perform_content_negotiation(request, force)
 
 
+# The chat turns' database work under ASGI, every turn's of the process: one thread, so one
+# connection however many turns stream (README, "Running it in production").
+DATABASE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxsum-chat-db")
+
+
 class TurnPending(StreamingHttpResponse):
     """What the view answers under ASGI: the checked request, for ``chat_view`` to run.
     Never sent: ``chat_view`` answers in its place. A streaming response, so that
@@ -123,11 +130,11 @@ class TurnPending(StreamingHttpResponse):
             first = await anext(result) if isinstance(result, ChatStream) else None
         except Exception as error:
             if claim is not None:
-                await sync_to_async(key_release)(claim)
-            return await sync_to_async(self._error)(error)
+                await database_sync_to_async(key_release)(claim)
+            return await database_sync_to_async(self._error)(error)
         if isinstance(result, ChatStream):
             return _event_stream(_aevents(result, first, claim))
-        return await sync_to_async(self._stored)(result)
+        return await database_sync_to_async(self._stored)(result)
 
     def _error(self, error: Exception) -> HttpResponseBase:
         """``error`` answered as the view answers it."""
@@ -155,9 +162,12 @@ def chat_view(drf_view: Callable[..., HttpResponseBase]) -> Callable[..., Any]:
     # drf_view's: what the URL resolver, the schema and the middleware read.
     @wraps(drf_view)
     async def view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        response = await sync_to_async(drf_view)(request, *args, **kwargs)
-        if isinstance(response, TurnPending):
-            return await response.answer()
+        if not isinstance(request, ASGIRequest):
+            return await sync_to_async(drf_view)(request, *args, **kwargs)
+        with database_executor(DATABASE):
+            response = await database_sync_to_async(drf_view)(request, *args, **kwargs)
+            if isinstance(response, TurnPending):
+                return await response.answer()
         return response
 
     return markcoroutinefunction(view)
@@ -172,19 +182,22 @@ def _event_stream(events: Iterator[bytes] | AsyncIterator[bytes]) -> StreamingHt
 
 async def _aevents(stream: ChatStream, first: Any, claim: Claim | None) -> AsyncIterator[bytes]:
     """``_events`` of a stream iterated with ``async for``: the database's work (the
-    commit, the answer, the key) in the thread that serves it."""
+    commit, the answer, the key) in the chat turns' database thread (``DATABASE``)."""
     stored = False
     try:
         event = first
         while True:
             if isinstance(event, ChatResult):
                 stored = True
-                for chunk in await sync_to_async(_stored_list)(event, claim):
+                with database_executor(DATABASE):
+                    answer = await database_sync_to_async(_stored_list)(event, claim)
+                for chunk in answer:
                     yield chunk
             else:
                 yield sse(event)
             try:
-                event = await anext(stream)
+                with database_executor(DATABASE):
+                    event = await anext(stream)
             except StopAsyncIteration:
                 break
     except Exception as error:
@@ -193,9 +206,10 @@ async def _aevents(stream: ChatStream, first: Any, claim: Claim | None) -> Async
         else:
             yield sse(_stream_error(error), event="error")
     finally:
-        await stream.aclose()
-        if claim is not None and not stored:
-            await sync_to_async(key_release)(claim)
+        with database_executor(DATABASE):
+            await stream.aclose()
+            if claim is not None and not stored:
+                await database_sync_to_async(key_release)(claim)
 
 
 def _stored_list(result: ChatResult, claim: Claim | None) -> list[bytes]:

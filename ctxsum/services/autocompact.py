@@ -15,7 +15,6 @@ from enum import Enum
 from functools import partial
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -34,6 +33,7 @@ from ctxsum.services.compaction import (
 from ctxsum.services.leases import lease_expires, lease_seconds
 from ctxsum.services.rebuild import conversation_rebuild, rebuild_gave_no_gain
 from ctxsum.services.transactions import write_db
+from ctxsum.threads import database_sync_to_async
 
 logger = logging.getLogger("ctxsum.compaction")
 
@@ -260,7 +260,7 @@ async def _acompact_rounds(conversation: Conversation) -> AutoCompaction:
         if not _again(conversation, result, newest):
             break
     assert result is not None
-    return await sync_to_async(_rounds_done)(conversation, result)
+    return await database_sync_to_async(_rounds_done)(conversation, result)
 
 
 def _again(conversation: Conversation, result: CompactionResult, newest: int) -> bool:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
 from django.db.models import Max, Q
 
@@ -42,6 +41,7 @@ from ctxsum.services.summaries import (
     summary_write,
 )
 from ctxsum.services.transactions import after_commit, write_db
+from ctxsum.threads import database_sync_to_async
 
 logger = logging.getLogger("ctxsum.compaction")
 
@@ -155,7 +155,7 @@ async def aconversation_compact(
     """``conversation_compact`` for async code: the same snapshot, plan, lease and commit,
     each run in the thread that serves the database, and the summarizer's ``aanswer()``
     awaited between them with no connection in use."""
-    run = await sync_to_async(_planned)(
+    run = await database_sync_to_async(_planned)(
         conversation, force=force, dry_run=dry_run, incoming=incoming
     )
     if isinstance(run, CompactionResult):
@@ -163,8 +163,8 @@ async def aconversation_compact(
     try:
         async with aleased(run.conversation, db=run.db, failed=partial(_failed, run)) as token:
             if token is None:
-                return await sync_to_async(_skipped)(run, Reason.IN_PROGRESS, archived=[])
-            renew = sync_to_async(partial(lease_renew, run.conversation, token, db=run.db))
+                return await database_sync_to_async(_skipped)(run, Reason.IN_PROGRESS, archived=[])
+            renew = database_sync_to_async(partial(lease_renew, run.conversation, token, db=run.db))
             written = await asummary_write(
                 run.conversation,
                 run.so_far,
@@ -172,10 +172,10 @@ async def aconversation_compact(
                 budget=run.plan.summary_budget,
                 before_call=renew,
             )
-            summary, attempt = await sync_to_async(_written_commit)(run, written, token)
+            summary, attempt = await database_sync_to_async(_written_commit)(run, written, token)
     except (WriteNothing, LeaseLost) as nothing:
-        return await sync_to_async(_not_written)(run, nothing)
-    return await sync_to_async(_compacted)(run, summary, attempt)
+        return await database_sync_to_async(_not_written)(run, nothing)
+    return await database_sync_to_async(_compacted)(run, summary, attempt)
 
 
 def _planned(

@@ -9,12 +9,11 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-from asgiref.sync import sync_to_async
-
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import Conversation
 from ctxsum.services.row_lease import LeaseLost as LeaseLost
 from ctxsum.services.row_lease import RowLease
+from ctxsum.threads import database_sync_to_async
 
 logger = logging.getLogger("ctxsum.compaction")
 
@@ -63,14 +62,16 @@ async def aleased(
 ) -> AsyncIterator[str | None]:
     """``leased`` for a body that awaits (``aconversation_compact``): the lease taken and
     given up as ``leased`` does, in the thread that serves the database."""
-    token = await sync_to_async(lease_take)(conversation, db=db)
+    token = await database_sync_to_async(lease_take)(conversation, db=db)
     if token is None:
         yield None
         return
     try:
         yield token
     except BaseException as error:
-        await sync_to_async(_given_up)(conversation, token, db=db, failed=failed, error=error)
+        await database_sync_to_async(_given_up)(
+            conversation, token, db=db, failed=failed, error=error
+        )
         raise
 
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.db.models import Exists, OuterRef
@@ -35,6 +34,7 @@ from ctxsum.services.idempotency import Claim, key_applied
 from ctxsum.services.inserts import rows_insert
 from ctxsum.services.transactions import after_commit, write_db
 from ctxsum.signals import messages_appended
+from ctxsum.threads import database_sync_to_async
 from ctxsum.validation import (
     EXTRA_FIELDS,
     TOOL_CALL_ID_ANSWERED,
@@ -241,7 +241,9 @@ async def amessage_append(
     """``message_append`` for async code: the same append, in the thread that serves the
     database, then an automatic compaction in this process through
     ``aconversation_compact``."""
-    rows, schedule = await sync_to_async(_appended_rows)(conversation, messages, idempotency)
+    rows, schedule = await database_sync_to_async(_appended_rows)(
+        conversation, messages, idempotency
+    )
     compaction = await aconversation_autocompact(conversation=conversation, schedule=schedule)
     return Appended(messages=rows, compaction=compaction)
 
