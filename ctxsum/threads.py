@@ -3,10 +3,10 @@
 By default as ``asgiref``'s ``sync_to_async`` runs thread-sensitive code: in the thread of
 the caller that went through ``async_to_sync`` (a test, a management command), else in the
 request's own thread under Django's ASGI handler. Inside ``database_executor(executor)``,
-in ``executor`` instead, each call between ``close_old_connections()`` as a request is:
-the chat endpoint under ASGI runs every turn's database work in one thread of the
-process this way, so that the process holds one connection however many turns stream,
-and none while their models answer.
+in ``executor`` instead, the connections of its threads kept from call to call unless
+they broke: the chat endpoint under ASGI runs every turn's database work in one thread of
+the process this way, so that the process holds one connection however many turns
+stream.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from functools import wraps
 from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import connections
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -55,10 +55,20 @@ def database_executor(executor: ThreadPoolExecutor) -> Iterator[None]:
 
 
 def _between_closes(func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    # As a request: a connection too old (CONN_MAX_AGE) or broken is closed before and
-    # after, so none is held between two calls unless CONN_MAX_AGE keeps it.
-    close_old_connections()
+    # The executor's thread keeps its connection from call to call (it is the process's
+    # one), as a request would for CONN_MAX_AGE: one that broke, or was left in a
+    # transaction, is closed before the next call opens another.
+    _close_unusable()
     try:
         return func(*args, **kwargs)
     finally:
-        close_old_connections()
+        _close_unusable()
+
+
+def _close_unusable() -> None:
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None:
+            continue
+        broken = connection.errors_occurred and not connection.is_usable()
+        if broken or not connection.get_autocommit():
+            connection.close()

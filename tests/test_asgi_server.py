@@ -72,7 +72,9 @@ def start_uvicorn(fake: FakeOpenAI, port: int) -> subprocess.Popen[str]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise AssertionError(f"uvicorn stopped: {server.stdout.read() if server.stdout else ''}")
+            raise AssertionError(
+                f"uvicorn stopped: {server.stdout.read() if server.stdout else ''}"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return server
@@ -127,7 +129,9 @@ def test_a_hundred_streamed_turns_stream_at_once_on_one_uvicorn_worker(
             async def run() -> list[list[str]]:
                 limits = httpx.Limits(max_connections=TURNS + 10)
                 timeout = httpx.Timeout(DEADLINE + 60)
-                async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+                async with httpx.AsyncClient(
+                    limits=limits, timeout=timeout, trust_env=False
+                ) as client:
                     firsts = [asyncio.Event() for _ in conversations]
                     counted: list[float] = []
                     tasks = [

@@ -104,9 +104,7 @@ def test_a_turn_answers_its_json_as_under_wsgi(client, conversation, chat_model)
     assert data["usage"]["streamed"] is False and data["stats"]["chat_turns"] == 1
 
 
-def test_a_key_replays_the_stored_turn_without_calling_the_model(
-    client, conversation, chat_model
-):
+def test_a_key_replays_the_stored_turn_without_calling_the_model(client, conversation, chat_model):
     chat_model.reply = "Hello!"
     headers = {"Idempotency-Key": "turn-1"}
 

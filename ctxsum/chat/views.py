@@ -128,9 +128,12 @@ class TurnPending(StreamingHttpResponse):
                 **fields,
             )
             first = await anext(result) if isinstance(result, ChatStream) else None
-        except Exception as error:
+        except BaseException as error:
+            # The key given back, a client gone (the task cancelled) too.
             if claim is not None:
                 await database_sync_to_async(key_release)(claim)
+            if not isinstance(error, Exception):
+                raise
             return await database_sync_to_async(self._error)(error)
         if isinstance(result, ChatStream):
             return _event_stream(_aevents(result, first, claim))
