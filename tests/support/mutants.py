@@ -228,8 +228,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "turn-reply-uncounted",
         CHAT_SERVICES,
-        "incoming = (new_count + 1, new_tokens + next(replies, 0))",
-        "incoming = (new_count, new_tokens)",
+        "incoming = (len(new) + 1, new_tokens + next(replies, 0))",
+        "incoming = (len(new), new_tokens)",
         CROSSING_TESTS,
     ),
     # --- validation ----------------------------------------------------------------------
@@ -395,23 +395,23 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "conflict-keeps-lease",
         LEASES,
-        "    except (WriteNothing, LeaseLost):\n"
+        "    if isinstance(error, WriteNothing | LeaseLost):\n"
         "        lease_release(conversation, token, db=db)\n",
-        "    except (WriteNothing, LeaseLost):\n",
+        "    if isinstance(error, WriteNothing | LeaseLost):\n        pass\n",
         COMPACTION_TESTS,
     ),
     Mutant(
         "failure-keeps-lease",
         LEASES,
-        "    except Exception as error:\n        lease_release(conversation, token, db=db)\n",
-        "    except Exception as error:\n",
+        "    elif isinstance(error, Exception):\n        lease_release(conversation, token, db=db)\n",
+        "    elif isinstance(error, Exception):\n",
         COMPACTION_TESTS,
     ),
     Mutant(
         "failure-unrecorded",
         COMPACTION,
-        "leased(run.conversation, db=run.db, failed=partial(_failed, run))",
-        "leased(run.conversation, db=run.db)",
+        "with leased(run.conversation, db=run.db, failed=partial(_failed, run))",
+        "with leased(run.conversation, db=run.db)",
         COMPACTION_TESTS,
     ),
     Mutant(
