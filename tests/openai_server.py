@@ -35,7 +35,8 @@ For the chat turn's tests, on top of the mode:
   Chunked, so ``drop_after = N`` cuts the connection after N chunks, mid-body, and
   ``pause_after = N`` holds the stream after N chunks until ``resume()`` (or ``delay``
   seconds as a safety net): a test sees what reached its client while the model is still
-  answering.
+  answering; ``chunk_delay`` seconds pass before each chunk after the first (a model that
+  writes slowly: bench/asgi_streams.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,6 +79,7 @@ class FakeOpenAI:
         self.stream_pieces = 3
         self.drop_after: int | None = None
         self.pause_after: int | None = None
+        self.chunk_delay = 0.0
         self._resumed = threading.Event()
         self._released = threading.Event()
         self.requests: list[dict[str, Any]] = []
@@ -364,6 +367,8 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 if pause_after is not None and number == pause_after:
                     self.server.fake._resumed.wait(self.server.fake.delay)
+                if number and self.server.fake.chunk_delay:
+                    time.sleep(self.server.fake.chunk_delay)
                 data = event.encode()
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()

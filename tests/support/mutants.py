@@ -403,7 +403,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "failure-keeps-lease",
         LEASES,
-        "    elif isinstance(error, Exception):\n        lease_release(conversation, token, db=db)\n",
+        "    elif isinstance(error, Exception):\n"
+        "        lease_release(conversation, token, db=db)\n",
         "    elif isinstance(error, Exception):\n",
         COMPACTION_TESTS,
     ),
