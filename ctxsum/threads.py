@@ -5,8 +5,7 @@ the caller that went through ``async_to_sync`` (a test, a management command), e
 request's own thread under Django's ASGI handler. Inside ``database_executor(executor)``,
 in ``executor`` instead, the connections of its threads kept from call to call unless
 they broke: the chat endpoint under ASGI runs every turn's database work in one thread of
-the process this way, so that the process holds one connection however many turns
-stream.
+the process this way, so that the turns hold one connection however many stream.
 """
 
 from __future__ import annotations
