@@ -304,6 +304,9 @@ def running_fake_openai(monkeypatch: Any, **options: Any) -> Iterator[FakeOpenAI
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Room for many clients connecting at once (100 streamed turns: tests/test_asgi_server.py,
+    # bench/asgi_streams.py); the default of 5 turns the others away while it accepts.
+    request_queue_size = 256
     fake: FakeOpenAI
 
     def handle_error(self, request: Any, client_address: Any) -> None:
