@@ -56,15 +56,12 @@ def candidates(facts: QuerySet[Fact]) -> list[Candidate]:
     return [Candidate(*row) for row in facts.values_list(*COLUMNS, "hidden")]
 
 
-def as_facts(chosen: Sequence[Line], *, db: str) -> list[Fact]:
+def as_facts(chosen: Sequence[Candidate], *, db: str) -> list[Fact]:
     """``chosen`` as ``Fact`` instances of database ``db``, only its columns loaded."""
     names = [field.attname for field in Fact._meta.concrete_fields if field.attname in COLUMNS]
     facts = []
     for line in chosen:
-        if isinstance(line, Fact):
-            facts.append(line)
-            continue
-        values = {**line._asdict(), "id": line.pk}  # type: ignore[attr-defined]
+        values = {**line._asdict(), "id": line.pk}
         fact = Fact.from_db(db, names, [values[name] for name in names])
         fact.hidden = line.hidden  # type: ignore[attr-defined]
         facts.append(fact)
