@@ -91,6 +91,8 @@ def test_the_documented_writes_take_keywords_only():
     ("sync", "twin"),
     [
         (services.message_append, services.amessage_append),
+        (services.message_pop, services.amessage_pop),
+        (services.conversation_restart, services.aconversation_restart),
         (services.conversation_compact, services.aconversation_compact),
         (selectors.context_get, selectors.acontext_get),
         (chat_services.chat_turn, chat_services.achat_turn),

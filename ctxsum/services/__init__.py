@@ -12,8 +12,10 @@ from ctxsum.services.compaction import aconversation_compact, conversation_compa
 from ctxsum.services.conversations import (
     MAX_SUBJECT_CHARS,
     POLICY_FIELDS,
+    aconversation_restart,
     conversation_create,
     conversation_delete,
+    conversation_restart,
     conversation_update,
     fields_clean,
     policy_clean,
@@ -40,6 +42,7 @@ from ctxsum.services.imports import (
     record_parse,
 )
 from ctxsum.services.messages import amessage_append, message_append
+from ctxsum.services.pop import amessage_pop, message_pop
 from ctxsum.services.rebuild import conversation_rebuild
 from ctxsum.services.redaction import WITHHELD, message_redact
 from ctxsum.services.revert import conversation_revert
@@ -48,17 +51,21 @@ from ctxsum.services.transactions import write_db
 
 __all__ = [
     "aconversation_compact",
+    "aconversation_restart",
     "amessage_append",
+    "amessage_pop",
     "conversation_compact",
     "conversation_compact_queued",
     "conversation_create",
     "conversation_delete",
     "conversation_rebuild",
+    "conversation_restart",
     "conversation_revert",
     "conversation_update",
     "file_import",
     "keys_expired_delete",
     "message_append",
+    "message_pop",
     "message_redact",
     "write_db",
 ]

@@ -433,7 +433,9 @@ def summary_insert(
 
 def _archive(locked: Conversation, summary: Summary, archived: list[Message]) -> None:
     # One UPDATE for the range, which matches exactly the snapshot's messages unless the
-    # context changed (or one was redacted: invariant f); then the count differs.
+    # context changed (or one was redacted: invariant f); then the count differs. A message
+    # taken back meanwhile (message_pop) frees its seq for the next append: the row stored
+    # there since is newer than any the snapshot read, so it does not count.
     was_redacted = [row.pk for row in archived if row.redacted_at is not None]
     as_read = Q(redacted_at__isnull=True)
     if was_redacted:
@@ -443,6 +445,7 @@ def _archive(locked: Conversation, summary: Summary, archived: list[Message]) ->
         .filter(
             as_read,
             conversation=locked,
+            pk__lte=max(row.pk for row in archived),
             seq__gte=archived[0].seq,
             seq__lte=archived[-1].seq,
             is_leading=False,

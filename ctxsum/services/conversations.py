@@ -20,6 +20,7 @@ from ctxsum.selectors import effective_policy
 from ctxsum.services.autocompact import Schedule, autocompact_schedule, conversation_autocompact
 from ctxsum.services.messages import messages_clean, messages_count, messages_insert
 from ctxsum.services.transactions import write_db
+from ctxsum.threads import database_sync_to_async
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
 
 NOT_AN_OBJECT = _("Must be an object.")
@@ -224,6 +225,37 @@ def conversation_update(
             locked.save(update_fields=[*changed, "revision", "updated_at"])
     conversation.update_from(locked)
     return conversation
+
+
+def conversation_restart(*, conversation: Conversation) -> Conversation:
+    """A new conversation of the same owner with the same title, metadata, model, subject,
+    policy and leading system message; ``conversation`` is left whole. How the agent
+    framework integrations clear a session without deleting history a summary covers."""
+    db = write_db(conversation)
+    leading = (
+        Message.objects.using(db)
+        .filter(conversation=conversation, is_leading=True, replaced_at__isnull=True)
+        .first()
+    )
+    return conversation_create(
+        owner=conversation.owner,
+        title=conversation.title,
+        metadata=conversation.metadata,
+        model=conversation.model,
+        subject=conversation.subject,
+        trigger=conversation.trigger,
+        keep=conversation.keep,
+        max_context_tokens=conversation.max_context_tokens,
+        messages=[leading.as_openai()] if leading is not None else None,
+    )
+
+
+async def aconversation_restart(*, conversation: Conversation) -> Conversation:
+    """``conversation_restart`` for async code, run in the thread that serves the database."""
+    restarted: Conversation = await database_sync_to_async(conversation_restart)(
+        conversation=conversation
+    )
+    return restarted
 
 
 def conversation_delete(*, conversation: Conversation) -> None:
