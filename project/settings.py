@@ -174,6 +174,9 @@ CTXSUM = {
     "CHAT_FALLBACK_MODELS": env("CTXSUM_CHAT_FALLBACK_MODELS"),
     "SUMMARY_TIMEOUT": env("CTXSUM_SUMMARY_TIMEOUT"),
     "LEASE_SECONDS": env("CTXSUM_LEASE_SECONDS"),
+    # "tasks": the task worker `make run` starts compacts; "sync": the appending process
+    # does, right after the append (the scripts of examples/, which run no worker).
+    "COMPACTION_RUNNER": env("CTXSUM_COMPACTION_RUNNER", default="tasks"),
 }
 # With no OpenAI-compatible server, the chat turn talks to the project's own stand-in
 # (project/offline_model.py) at this address: the chat page works right after `make run`.
