@@ -71,7 +71,8 @@ async def main() -> None:
         owner=user,
         title="Agents SDK example",
         system="You are a travel assistant. Answer in two sentences.",
-        trigger={"messages": 10},
+        # A small trigger, so that six turns compact.
+        trigger={"tokens": 300},
         keep={"messages": 4},
     )
     session = CtxsumSession(conversation)
