@@ -64,6 +64,7 @@ REDACTION = "ctxsum/services/redaction.py"
 FACT_BLOCK = "ctxsum/facts/block.py"
 REBUILD = "ctxsum/services/rebuild.py"
 CHAT_SERVICES = "ctxsum/chat/services.py"
+POP = "ctxsum/services/pop.py"
 
 POLICY_TESTS = ("tests/test_policy.py",)
 VALIDATION_TESTS = ("tests/test_validation.py",)
@@ -320,6 +321,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         LEASE_TESTS,
         postgres=True,
+    ),
+    Mutant(
+        "archive-counts-rows-stored-after-the-read",
+        COMPACTION,
+        "            pk__lte=max(row.pk for row in archived),\n",
+        "",
+        ("tests/test_pop.py",),
+        postgres=True,
+    ),
+    Mutant(
+        "pop-takes-back-what-a-summary-covered",
+        POP,
+        "    return None if covered.exists() else newest\n",
+        "    return newest\n",
+        ("tests/test_pop.py",),
     ),
     Mutant(
         "late-results-unchecked",
