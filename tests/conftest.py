@@ -93,6 +93,16 @@ def openai_server(monkeypatch):
 
 
 @pytest.fixture
+def model_server(monkeypatch):
+    """An agent framework's model (tests/test_integration_*.py): a second local server
+    beside the summarizer's ``openai_server``."""
+    from tests.openai_server import running_fake_openai
+
+    with running_fake_openai(monkeypatch) as server:
+        yield server
+
+
+@pytest.fixture
 def openai_summarizer(openai_server, settings):
     """CTXSUM pointed at the local server through the real openai backend."""
     settings.CTXSUM = {
@@ -103,6 +113,14 @@ def openai_summarizer(openai_server, settings):
         "SUMMARY_TIMEOUT": 1,
     }
     return openai_server
+
+
+@pytest.fixture
+def compacting(openai_summarizer, settings):
+    """Automatic compaction in the appending process (COMPACTION_RUNNER "sync"), summarized
+    by the local server."""
+    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
+    return openai_summarizer
 
 
 @pytest.fixture

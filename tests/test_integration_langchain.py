@@ -31,7 +31,6 @@ from ctxsum.selectors import context_get, transcript_list
 from ctxsum.services import conversation_create
 from tests.factories import FILLER
 from tests.invariants import assert_context_invariants
-from tests.openai_server import running_fake_openai
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,20 +41,6 @@ POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
 def question(tag: str) -> str:
     """A user turn starting with ``tag``, long enough that a summary of it is a gain."""
     return f"{tag}: the traveller {FILLER}"
-
-
-@pytest.fixture
-def model_server(monkeypatch):
-    """The agent's model: a second local server beside the summarizer's."""
-    with running_fake_openai(monkeypatch) as server:
-        yield server
-
-
-@pytest.fixture
-def compacting(openai_summarizer, settings):
-    """Automatic compaction in the appending process, summarized by the local server."""
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
-    return openai_summarizer
 
 
 @pytest.fixture

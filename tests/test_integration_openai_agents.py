@@ -26,7 +26,6 @@ from ctxsum.selectors import context_get, transcript_list
 from ctxsum.services import conversation_compact, conversation_create, message_append
 from tests.factories import long_user_message
 from tests.invariants import assert_context_invariants
-from tests.openai_server import running_fake_openai
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,20 +36,6 @@ QUESTION = "Question {n}: which trains leave for Lyon tomorrow morning, and whic
 @pytest.fixture(autouse=True)
 def _no_tracing():
     set_tracing_disabled(True)
-
-
-@pytest.fixture
-def model_server(monkeypatch):
-    """The agent's model: a second local server beside the summarizer's."""
-    with running_fake_openai(monkeypatch) as server:
-        yield server
-
-
-@pytest.fixture
-def compacting(openai_summarizer, settings):
-    """Automatic compaction in the appending process, summarized by the local server."""
-    settings.CTXSUM = {**settings.CTXSUM, "AUTO_COMPACT": True, "COMPACTION_RUNNER": "sync"}
-    return openai_summarizer
 
 
 @function_tool
