@@ -118,6 +118,7 @@ def test_get_items_serves_the_compacted_context(user, compacting):
     assert items[1]["content"].startswith(ctxsum_settings.SUMMARY_PREFIX)
     assert [item["content"] for item in items] == [message["content"] for message in context]
     assert async_to_sync(session.get_items)(limit=2) == items[-2:]
+    assert async_to_sync(session.get_items)(limit=0) == []
 
 
 def test_items_round_trip_through_stored_messages(user):

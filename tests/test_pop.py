@@ -114,6 +114,26 @@ def test_a_deleted_conversation_raises(user):
         message_pop(conversation=conversation)
 
 
+def test_a_chat_turns_reply_taken_back_takes_its_record_not_its_call_count(
+    user, chat_model, settings
+):
+    from ctxsum.chat.models import ChatCallDay, ChatTurn
+    from ctxsum.chat.services import chat_turn
+
+    settings.CTXSUM = {**settings.CTXSUM, "CHAT_MAX_CALLS_PER_USER_PER_DAY": 10}
+
+    conversation = conversation_create(owner=user, system="Be brief.")
+    chat_turn(conversation=conversation, message=user_message("Hello"))
+    calls = ChatCallDay.objects.get(user=user).calls
+
+    popped = message_pop(conversation=conversation)
+
+    assert popped.role == "assistant"
+    assert not ChatTurn.objects.filter(conversation=conversation).exists()
+    assert ChatCallDay.objects.get(user=user).calls == calls == 1
+    assert seqs(conversation) == [0, 1]
+
+
 def test_the_async_twin_takes_back_the_same_message(user):
     conversation = conversation_create(owner=user, messages=[user_message(), user_message("b")])
     popped = async_to_sync(amessage_pop)(conversation=conversation)

@@ -53,7 +53,9 @@ class CtxsumSession(SessionABC):
         """The active context as items; with ``limit``, its last ``limit`` items."""
         context = await acontext_get(conversation=self.conversation)
         items = as_items(context.messages)
-        return items[-limit:] if limit is not None and limit > 0 else items
+        if limit is None:
+            return items
+        return items[-limit:] if limit > 0 else []
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` as one batch, all or none (a ValidationError names what ctxsum
