@@ -28,7 +28,8 @@ For the chat turn's tests, on top of the mode:
   (the reply's tool calls), ``drop_after``; once it is empty, ``mode`` answers;
 - ``model_status``: model name -> error status, for every request naming that model;
 - ``tool_calls``, ``cached_tokens``: what every "ok" reply carries (tool calls instead of
-  content; ``usage.prompt_tokens_details.cached_tokens``);
+  content; ``usage.prompt_tokens_details.cached_tokens``); ``reported_model``, the model
+  a (non-streamed) completion names instead of the request's;
 - a request with ``"stream": true`` is answered as server-sent events: a role chunk, the
   content in ``stream_pieces`` pieces (or the tool calls' deltas), a chunk with the finish
   reason, a usage chunk when ``stream_options.include_usage`` asks for it, ``[DONE]``.
@@ -76,6 +77,8 @@ class FakeOpenAI:
         self.tool_calls: list[dict[str, Any]] | None = None
         self.facts: Any = None
         self.cached_tokens: int | None = None
+        # The model a completion names (what ran); None: the one the request named.
+        self.reported_model: str | None = None
         self.stream_pieces = 3
         self.drop_after: int | None = None
         self.pause_after: int | None = None
@@ -134,6 +137,7 @@ class FakeOpenAI:
         self.finish_reason = "stop"
         self.script, self.model_status = [], {}
         self.tool_calls = self.cached_tokens = self.drop_after = self.facts = None
+        self.reported_model = None
         self.pause_after = None
 
     @property
@@ -203,11 +207,12 @@ class FakeOpenAI:
                 "logprobs": None,
             }
         ]
+        asked = body.get("model", "") if isinstance(body, dict) else ""
         completion = {
             "id": f"chatcmpl-fake-{len(self.requests)}",
             "object": "chat.completion",
             "created": 1_700_000_000,
-            "model": body.get("model", "") if isinstance(body, dict) else "",
+            "model": self.reported_model or asked,
             "choices": [] if mode == "no_choices" else choices,
             "usage": self._usage(body, content, tool_calls),
         }

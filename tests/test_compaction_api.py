@@ -244,6 +244,35 @@ def test_a_reply_cut_off_at_max_tokens_is_502_summary_truncated(
     assert not Summary.objects.filter(conversation=conversation).exists()
 
 
+@pytest.mark.parametrize(
+    ("reported", "stored"),
+    [
+        ("summary-model-1-2026-01-01", "summary-model-1-2026-01-01"),
+        ("m" * 150, "m" * 100),  # as long as the column holds
+        ("", "summary-model-1"),  # none named: the one asked for
+    ],
+)
+def test_a_summary_records_the_model_that_wrote_it(
+    api, conversation, openai_summarizer, reported, stored
+):
+    openai_summarizer.reported_model = reported
+
+    response = api.post(api_url("compact", conversation), {}, format="json")
+
+    assert response.status_code == 200, response.json()
+    assert openai_summarizer.bodies[0]["model"] == "summary-model-1"
+    assert response.json()["summary"]["model"] == stored
+    assert Summary.objects.get(conversation_id=conversation).model == stored
+
+
+def test_an_offline_summary_records_no_model_that_never_ran(api, conversation, offline_summarizer):
+    response = api.post(api_url("compact", conversation), {}, format="json")
+
+    assert response.status_code == 200, response.json()
+    assert response.json()["summary"]["model"] == "offline"
+    assert Summary.objects.get(conversation_id=conversation).model == "offline"
+
+
 @pytest.mark.parametrize(("conversation_model", "sent"), [("gpt-4.1", "gpt-4.1"), ("", "gpt-4o")])
 def test_a_blank_summary_model_summarizes_with_the_conversations_model(
     api, user, openai_summarizer, settings, conversation_model, sent

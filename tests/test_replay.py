@@ -134,13 +134,14 @@ def replay_all(subset: Sequence[Mapping[str, Any]], owner: Any) -> Any:
 
 def assert_summaries(conversation: Any, *, compactions: int) -> None:
     """Summaries 1..k, one per compaction, each naming the prompt setting in use (version
-    and SHA-256 of PROMPT, not of the prompt sent with its length line), the model the
-    summary was written with (SUMMARY_MODEL, else the conversation's), a cumulative range
-    and its predecessor."""
+    and SHA-256 of PROMPT, not of the prompt sent with its length line), the model that
+    wrote it (the replays' offline backend ran none, and says so), a cumulative range and
+    its predecessor."""
     from ctxsum.conf import ctxsum_settings
     from ctxsum.models import Summary
+    from ctxsum.summarizers.offline import OFFLINE_MODEL
 
-    model = ctxsum_settings.SUMMARY_MODEL or conversation.model or ctxsum_settings.DEFAULT_MODEL
+    model = OFFLINE_MODEL
 
     summaries = list(Summary.objects.filter(conversation=conversation).order_by("version"))
     assert [summary.version for summary in summaries] == list(range(1, compactions + 1))
@@ -258,7 +259,8 @@ def test_one_shot_compactions_take_the_same_queries_whatever_their_size(user, of
 @pytest.mark.django_db
 def test_the_stored_model_is_the_one_sent(user, offline, settings):
     """With SUMMARY_MODEL blank the summary is written with the conversation's chat model
-    (here the settings' default), stored under it, and the replay's checks agree."""
+    (here the settings' default), and stored under the model the backend reports, which the
+    replay's checks agree with."""
     settings.CTXSUM = {**settings.CTXSUM, "SUMMARY_MODEL": "", "DEFAULT_MODEL": "gpt-4.1"}
     record = long_chats()[1]
     with summarizer_calls() as calls:
@@ -267,7 +269,8 @@ def test_the_stored_model_is_the_one_sent(user, offline, settings):
     assert {call.model for call in calls} == {"gpt-4.1"}
     from ctxsum.models import Summary
 
-    assert set(Summary.objects.values_list("model", flat=True)) == {"gpt-4.1"}
+    # The offline backend ran no model, and says so.
+    assert set(Summary.objects.values_list("model", flat=True)) == {"offline"}
 
 
 @pytest.mark.django_db

@@ -186,12 +186,14 @@ def summary_steps(
     skipped: list[list[str]] = []  # per call
     input_tokens = output_tokens = 0
     started = time.monotonic()
+    answered = model  # the model that wrote the summary, as the backend reports it
     for chunk in chunks:
         history = formatting.with_summary_so_far(text, chunk)
         answer = yield SummaryCall(prompt=prompt, history=history, model=model, budget=budget)
         if not answer.summary or not answer.summary.strip():
             raise SummarizerError(BLANK_SUMMARY)
         text = answer.summary.strip()
+        answered = answer.model or answered
         input_tokens += count(prompt) + count(history)
         output_tokens += count(text)
         # Facts may cite any message the summary covers; each call's later facts win.
@@ -202,7 +204,7 @@ def summary_steps(
     merged = fact_parse.facts_checked(facts, allowed_seqs=set(seqs))
     return Written(
         text=text,
-        model=model,
+        model=answered[: Summary._meta.get_field("model").max_length],
         token_count=summary_size(text, conversation),
         input_tokens=input_tokens,
         output_tokens=output_tokens,

@@ -29,11 +29,13 @@ UNKNOWN_OPTIONS = "Unknown SUMMARIZER_OPTIONS for {backend}: {names}."
 class SummaryAnswer:
     """One call's answer: the summary (stripped), the key facts it proposed (not checked
     against the history yet: ``ctxsum.summarizers.facts.facts_checked``), and why facts were
-    skipped, in words (an unparseable block, a backend without facts…)."""
+    skipped, in words (an unparseable block, a backend without facts…), and the model that
+    answered as the backend reports it (blank: the model asked for; ``Summary.model``)."""
 
     summary: str
     facts: tuple[ProposedFact, ...] = ()
     facts_skipped: tuple[str, ...] = ()
+    model: str = ""
 
 
 class Summarizer(ABC):

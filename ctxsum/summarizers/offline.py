@@ -16,6 +16,8 @@ from ctxsum.summarizers.base import BLANK_INPUT, Summarizer, SummaryAnswer
 from ctxsum.summarizers.facts import ASKED_FACTS, MAX_KEY_CHARS, MAX_VALUE_CHARS, ProposedFact
 from ctxsum.tokens import count_text, encoding_for
 
+# What an offline summary records as its model (Summary.model): no model ran.
+OFFLINE_MODEL = "offline"
 MAX_SENTENCE_CHARS = 300
 MAX_ARGUMENT_CHARS = 80
 MAX_RESULT_CHARS = 200
@@ -110,9 +112,8 @@ class OfflineSummarizer(Summarizer):
         # summarize() writes the text (a subclass may write it otherwise); the facts come
         # from the history itself, when an installed app takes them.
         text = self.summarize(prompt=prompt, history=history, model=model, budget=budget)
-        if not summary_facts_wanted():
-            return SummaryAnswer(summary=text)
-        return SummaryAnswer(summary=text, facts=_key_facts(_parse(history)[1]))
+        facts = _key_facts(_parse(history)[1]) if summary_facts_wanted() else ()
+        return SummaryAnswer(summary=text, facts=facts, model=OFFLINE_MODEL)
 
     def _fit(self, units: list[_Unit], budget: int, model: str) -> str:
         """Render the newest units that fit in ``budget`` tokens, dropping the oldest first."""

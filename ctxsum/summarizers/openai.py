@@ -12,6 +12,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
+from dataclasses import replace
 from numbers import Real
 from typing import Any, ClassVar, TypeVar, overload
 
@@ -198,7 +199,7 @@ class OpenAISummarizer(Summarizer):
             if failure is None:
                 raise
             raise failure from exc
-        return _answer(response, max_tokens=self.max_tokens, facts_format=facts_format)
+        return _answered(response, max_tokens=self.max_tokens, facts_format=facts_format)
 
     def _call(self, *, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
         self.require_history(history)
@@ -211,7 +212,7 @@ class OpenAISummarizer(Summarizer):
             if failure is None:
                 raise
             raise failure from exc
-        return _answer(response, max_tokens=self.max_tokens, facts_format=facts_format)
+        return _answered(response, max_tokens=self.max_tokens, facts_format=facts_format)
 
     def _aclient(self) -> openai.AsyncOpenAI:
         """The instance's async client for the running event loop: a client's connections
@@ -310,6 +311,16 @@ def openai_client(
 
 class MalformedResponse(ValueError):
     """What exactly was wrong with a response that parsed: the ``cause`` of the error."""
+
+
+def _answered(response: Any, *, max_tokens: int, facts_format: str) -> SummaryAnswer:
+    """``_answer``, with the model the response names: the one that ran (a dated snapshot,
+    say, or what a router chose), as the provider reports it."""
+    answer = _answer(response, max_tokens=max_tokens, facts_format=facts_format)
+    reported = getattr(response, "model", None)
+    if not isinstance(reported, str) or not reported.strip():
+        return answer
+    return replace(answer, model=reported.strip())
 
 
 def _answer(response: Any, *, max_tokens: int, facts_format: str) -> SummaryAnswer:

@@ -18,6 +18,8 @@ from ctxsum.policy import Reason
 # swaps the engine's helper for a broken one must still be caught by these checks.
 from ctxsum.selectors import prompt_sha256, summary_message
 from ctxsum.services.summaries import summary_model
+from ctxsum.summarizers import get_summarizer
+from ctxsum.summarizers.offline import OFFLINE_MODEL, OfflineSummarizer
 from tests.support.summarizer_calls import SummarizerCall, call_problems
 
 
@@ -74,6 +76,8 @@ def _metadata_problems(summary: Summary, result: Any, *, version: int) -> list[s
     if summary.prompt_sha256 != prompt_sha256(ctxsum_settings.PROMPT):
         problems.append(f"prompt_sha256 {summary.prompt_sha256!r} is not the prompt's hash")
     model = summary_model(result.context.conversation)
+    if isinstance(get_summarizer(), OfflineSummarizer):
+        model = OFFLINE_MODEL  # no model ran: the backend says so
     if not summary.model or summary.model != model:
         problems.append(f"model {summary.model!r}, the summary is written with {model!r}")
     return problems
@@ -82,7 +86,8 @@ def _metadata_problems(summary: Summary, result: Any, *, version: int) -> list[s
 def _sent_problems(summary: Summary, result: Any, calls: Sequence[SummarizerCall]) -> list[str]:
     """The summarizer calls, and that the stored model and text are the last call's."""
     problems = call_problems(result, calls)
-    if calls and calls[-1].model != summary.model:
+    # The model that answered, as the backend reports it ("offline"), else the one sent.
+    if calls and (calls[-1].answered or calls[-1].model) != summary.model:
         problems.append(f"stored model {summary.model!r}, sent {calls[-1].model!r}")
     if calls and calls[-1].text.strip() != summary.text:
         problems.append("the stored text is not the summarizer's answer")

@@ -25,6 +25,7 @@ class SummarizerCall:
     model: str
     budget: int
     text: str
+    answered: str = ""  # the model the backend reports (SummaryAnswer.model; blank: ``model``)
 
 
 @contextmanager
@@ -38,7 +39,9 @@ def summarizer_calls() -> Iterator[list[SummarizerCall]]:
 
     def answer(*, prompt: str, history: str, model: str, budget: int) -> SummaryAnswer:
         result = original(prompt=prompt, history=history, model=model, budget=budget)
-        call = SummarizerCall(prompt=prompt, model=model, budget=budget, text=result.summary)
+        call = SummarizerCall(
+            prompt=prompt, model=model, budget=budget, text=result.summary, answered=result.model
+        )
         calls.append(call)
         return result
 
