@@ -60,13 +60,25 @@ def _policy_errors() -> list[CheckMessage]:
     return errors
 
 
+def _positive(key: str) -> bool:
+    """Whether ``key``'s value is what POSITIVE_KEYS and OPTIONAL_POSITIVE_KEYS ask for."""
+    value = getattr(ctxsum_settings, key)
+    return (value is None and key in OPTIONAL_POSITIVE_KEYS) or (is_number(value) and value > 0)
+
+
+def _invalid_keys() -> set[str]:
+    """The keys the checks that read numbers (READS) need valid, and are not."""
+    invalid = {key for key in (*POSITIVE_KEYS, *OPTIONAL_POSITIVE_KEYS) if not _positive(key)}
+    return invalid | ({"PROMPT"} if not isinstance(ctxsum_settings.PROMPT, str) else set())
+
+
 def _number_errors() -> list[CheckMessage]:
     errors: list[CheckMessage] = []
     for key in (*POSITIVE_KEYS, *OPTIONAL_POSITIVE_KEYS):
+        if _positive(key):
+            continue
         value = getattr(ctxsum_settings, key)
         optional = key in OPTIONAL_POSITIVE_KEYS
-        if (value is None and optional) or (is_number(value) and value > 0):
-            continue
         errors.append(
             Error(
                 f"CTXSUM[{key!r}] must be a positive number{' or None' * optional}, not {value!r}.",
@@ -254,7 +266,9 @@ def _backend_warnings(auto: bool) -> list[CheckMessage]:
     return warnings
 
 
-def _summarizer_errors() -> list[CheckMessage]:
+def _summarizer_errors(*, build: bool) -> list[CheckMessage]:
+    """E007 for a SUMMARIZER that is not a backend; when ``build`` (the numbers it is built
+    with are valid), the backend's own checks, or E008 when it cannot be built."""
     from ctxsum.summarizers import Summarizer, get_summarizer
 
     try:
@@ -274,6 +288,8 @@ def _summarizer_errors() -> list[CheckMessage]:
                 id="ctxsum.E007",
             )
         ]
+    if not build:
+        return []
     try:
         return list(get_summarizer().check())
     except Exception as error:  # a backend that cannot even be built is a config error
@@ -316,20 +332,42 @@ def _absent_app_warnings() -> list[CheckMessage]:
     ]
 
 
+# The checks that read numbers, each run only when the numbers it reads are valid (else
+# E005 already names them, and a check built on them would only repeat it, or fail).
+READS = {
+    "input_budget": ("SUMMARY_MAX_TOKENS", "SUMMARY_INPUT_BUDGET", "PROMPT"),
+    "body_limit": ("MAX_BODY_BYTES",),
+    "timeouts": ("SUMMARY_TIMEOUT", "LEASE_SECONDS", "IDEMPOTENCY_CLAIM_SECONDS"),
+    "summarizer": ("SUMMARY_TIMEOUT", "SUMMARY_MAX_TOKENS"),
+}
+
+
 @register()
 def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """The core's settings (an optional app checks its own keys of CTXSUM)."""
-    unknown = [key for key in ctxsum_settings.unknown_keys() if not _app_of(key)]
-    if unknown:
-        return [
-            Error(
-                f"Unknown CTXSUM setting(s): {', '.join(unknown)}.",
-                hint=f"Known keys: {', '.join(DEFAULTS)}.",
-                id="ctxsum.E001",
-            )
-        ]
-    errors = _absent_app_warnings() + _policy_errors() + _number_errors()
-    if not errors:
-        errors += _input_budget_errors() + _body_limit_errors() + _timeout_warnings()
-        errors += _runner_errors() + _summarizer_errors()
+    """The core's settings (an optional app checks its own keys of CTXSUM), every problem
+    in one run: one typo does not hide another."""
+    errors = _unknown_key_errors() + _absent_app_warnings() + _policy_errors()
+    errors += _number_errors()
+    invalid = _invalid_keys()
+
+    def valid(check: str) -> bool:
+        return not invalid.intersection(READS[check])
+
+    errors += _input_budget_errors() if valid("input_budget") else []
+    errors += _body_limit_errors() if valid("body_limit") else []
+    errors += _timeout_warnings() if valid("timeouts") else []
+    errors += _runner_errors() + _summarizer_errors(build=valid("summarizer"))
     return errors + _encoding_warnings()
+
+
+def _unknown_key_errors() -> list[CheckMessage]:
+    unknown = [key for key in ctxsum_settings.unknown_keys() if not _app_of(key)]
+    if not unknown:
+        return []
+    return [
+        Error(
+            f"Unknown CTXSUM setting(s): {', '.join(unknown)}.",
+            hint=f"Known keys: {', '.join(DEFAULTS)}.",
+            id="ctxsum.E001",
+        )
+    ]

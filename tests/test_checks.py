@@ -174,6 +174,35 @@ def test_several_problems_are_reported_together() -> None:
     ]
 
 
+def test_every_problem_is_reported_in_one_run() -> None:
+    """A typo does not hide the other mistakes: an unknown key, a bad trigger, a number, a
+    summarizer path, a runner and a chat setting, all in one ``check``."""
+    messages = ctxsum_messages(
+        TRIGER={"messages": 9},
+        TRIGGER={"messages": -1},
+        SUMMARY_INPUT_BUDGET=0,
+        SUMMARIZER="ctxsum.summarizers.nowhere.Nothing",
+        COMPACTION_RUNNER="nowhere.enqueue",
+        CHAT_RETRIES=-1,
+    )
+    assert sorted(m.id for m in messages) == [
+        "ctxsum.E001",
+        "ctxsum.E002",
+        "ctxsum.E005",
+        "ctxsum.E007",
+        "ctxsum.E014",
+        "ctxsum.E020",
+    ]
+    assert any("TRIGER" in m.msg for m in messages)
+
+
+def test_a_check_that_reads_an_invalid_number_waits_for_it() -> None:
+    """The input budget's check reads SUMMARY_MAX_TOKENS: with that invalid, E005 alone
+    names it (no E010 computed from it); the checks that do not read it still run."""
+    ids = ctxsum_ids(SUMMARY_MAX_TOKENS="lots", COMPACTION_RUNNER="nowhere.enqueue")
+    assert ids == ["ctxsum.E005", "ctxsum.E020"]
+
+
 @pytest.fixture
 def no_tiktoken_files(monkeypatch, tmp_path):
     """An empty TIKTOKEN_CACHE_DIR and no route to the download, with every cache of a
