@@ -69,7 +69,8 @@ def _positive(key: str) -> bool:
 def _invalid_keys() -> set[str]:
     """The keys the checks that read numbers (READS) need valid, and are not."""
     invalid = {key for key in (*POSITIVE_KEYS, *OPTIONAL_POSITIVE_KEYS) if not _positive(key)}
-    return invalid | ({"PROMPT"} if not isinstance(ctxsum_settings.PROMPT, str) else set())
+    prompt: object = ctxsum_settings.PROMPT  # as given, maybe not a string
+    return invalid | ({"PROMPT"} if not isinstance(prompt, str) else set())
 
 
 def _number_errors() -> list[CheckMessage]:
