@@ -10,6 +10,7 @@ counts) equal their row sums after every step (invariant e), and none is ever ne
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from typing import Any
 
@@ -46,16 +47,15 @@ CTXSUM = {
 }
 
 
-def code() -> str:
-    """A distinctive code: a redacted message's words can be searched for."""
-    return f"ZX{uuid.uuid4().hex[:10].upper()}"
-
-
 class Conversations(RuleBasedStateMachine):
     """One conversation, with a system prompt, a small trigger and keep."""
 
     def __init__(self) -> None:
         super().__init__()
+        # Numbered, not random: a random code (or call id) tokenizes to a varying number of
+        # tokens, so the same steps would plan differently from one run to the next, and
+        # Hypothesis refuses data generation that depends on more than its draws.
+        self.numbers = itertools.count(1)
         self.appended: list[dict[str, Any]] = []
         self.steps = 0
 
@@ -82,8 +82,12 @@ class Conversations(RuleBasedStateMachine):
         row = getattr(self, "conversation", None)
         return row is not None and row.message_count > row.active_message_count
 
+    def code(self) -> str:
+        """A distinctive code: a redacted message's words can be searched for."""
+        return f"ZX{next(self.numbers):08d}"
+
     def text(self, words: list[str]) -> str:
-        return f"{' '.join(words).capitalize()} code {code()} for the booking."
+        return f"{' '.join(words).capitalize()} code {self.code()} for the booking."
 
     def store(self, messages: list[dict[str, Any]]) -> None:
         message_append(conversation=self.fresh(), messages=messages)
@@ -93,7 +97,7 @@ class Conversations(RuleBasedStateMachine):
     def append(self, words: list[str], tool: bool) -> None:
         text = self.text(words)
         if tool:
-            call_id = f"call_{uuid.uuid4().hex[:8]}"
+            call_id = f"call_{next(self.numbers):08d}"
             call = {"role": "assistant", "content": None, "tool_calls": [tool_call(call_id)]}
             self.store([call, tool_result(call_id, text)])
         else:
