@@ -3,22 +3,31 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DatabaseError, router
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 
 from ctxsum.exceptions import SummarizerError, TooLarge
+from ctxsum.migration_state import unapplied_migrations
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason, failure_reason
+
+logger = logging.getLogger("ctxsum.api")
 
 CONVERSATION_NOT_FOUND = _("No such conversation.")
 SUMMARY_CUT_OFF = _(
     "The summary was cut off at SUMMARY_MAX_TOKENS, so it was not stored; nothing was changed."
 )
 TOO_DEEP = _("The JSON is nested too deeply.")
+MIGRATIONS_UNAPPLIED = _(
+    "ctxsum's tables are not all there: {count} migration(s) not applied ({names}). "
+    "Run `python manage.py migrate`."
+)
 
 
 class PayloadTooLarge(exceptions.APIException):
@@ -31,6 +40,17 @@ class LengthRequired(exceptions.APIException):
     status_code = status.HTTP_411_LENGTH_REQUIRED
     default_detail = _("Send the request body with a Content-Length, not chunked.")
     default_code = "length_required"
+
+
+class MigrationsUnapplied(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = _("ctxsum's migrations are not applied.")
+    default_code = "migrations_unapplied"
+
+    def __init__(self, names: list[str]) -> None:
+        shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
+        super().__init__(MIGRATIONS_UNAPPLIED.format(count=len(names), names=shown))
+        self.named = {"migrations": names}
 
 
 class SummarizerFailed(exceptions.APIException):
@@ -56,6 +76,11 @@ def map_app_errors(name: str, mapping: ErrorMapping) -> None:
     _app_errors[name] = mapping
 
 
+def _unapplied() -> list[str]:
+    """The migrations of ctxsum not applied to the database its conversations are in."""
+    return unapplied_migrations(router.db_for_write(Conversation))
+
+
 def api_exception(exc: Exception) -> Exception:
     """Domain errors as the HTTP errors they mean: the core's, then each installed app's."""
     if isinstance(exc, SummarizerError):
@@ -65,6 +90,11 @@ def api_exception(exc: Exception) -> Exception:
     if isinstance(exc, RecursionError):
         # JSON nested deeper than Python's parser or encoder can follow: bad input.
         return exceptions.ParseError(TOO_DEEP)
+    if isinstance(exc, DatabaseError) and (missing := _unapplied()):
+        # A table that is not there yet: the project has not run migrate since installing
+        # (or upgrading) ctxsum. Logged with the error the database gave.
+        logger.error("ctxsum's migrations are not applied: %s", ", ".join(missing), exc_info=exc)
+        return MigrationsUnapplied(missing)
     if isinstance(exc, Conversation.DoesNotExist):
         # Deleted by another request between the lookup and the service's locked re-read.
         return exceptions.NotFound(CONVERSATION_NOT_FOUND)
