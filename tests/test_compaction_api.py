@@ -8,6 +8,7 @@ import re
 import pytest
 from django.urls import reverse
 
+from ctxsum.api.exceptions import CAUSE_DETAILS
 from ctxsum.conf import ctxsum_settings
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from ctxsum.summarizers.openai import FACTS_INSTRUCTIONS
@@ -157,6 +158,51 @@ def test_summarizer_failure_is_502_and_changes_nothing(api, conversation, openai
     assert not Message.objects.filter(conversation=conversation).archived().exists()
 
 
+@pytest.mark.parametrize(
+    ("status", "mode", "cause"),
+    [
+        (401, "error", "unauthorized"),
+        (403, "error", "unauthorized"),
+        (429, "error", "rate_limited"),
+        (500, "error", "provider_error"),
+        (400, "error", "provider_error"),
+        (None, "slow", "timeout"),
+        (None, "malformed", "bad_answer"),
+        (None, "blank", "bad_answer"),
+        (None, "no_choices", "bad_answer"),
+    ],
+)
+def test_a_summarizer_failure_names_its_cause_without_the_providers_text(
+    api, conversation, openai_summarizer, status, mode, cause
+):
+    openai_summarizer.mode = mode
+    openai_summarizer.error_status = status or 500
+    openai_summarizer.delay = 3  # past SUMMARY_TIMEOUT (1 s) in slow mode
+
+    response = api.post(api_url("compact", conversation), {}, format="json")
+
+    assert response.status_code == 502
+    data = response.json()
+    assert (data["code"], data["reason"], data["cause"]) == (
+        "summarizer_error",
+        "summarizer_error",
+        cause,
+    )
+    assert data["detail"] == str(CAUSE_DETAILS[cause]) and "fake server" not in data["detail"]
+    # The attempt keeps what the provider said, for whoever reviews it.
+    attempt = CompactionAttempt.objects.get(conversation=conversation)
+    if status:
+        assert "fake server" in attempt.error
+
+
+def test_an_unreachable_summarizer_is_unreachable(api, conversation, openai_summarizer):
+    openai_summarizer.close()  # its port now refuses connections
+    response = api.post(api_url("compact", conversation), {}, format="json")
+
+    assert response.status_code == 502
+    assert response.json()["cause"] == "unreachable"
+
+
 def test_second_compaction_extends_the_first(api, conversation, openai_summarizer):
     openai_summarizer.reply = "first summary"
     api.post(api_url("compact", conversation), {}, format="json")
@@ -220,6 +266,7 @@ def test_failed_auto_compaction_never_undoes_the_append(api, user, openai_summar
 
     assert response.status_code == 201
     assert response.json()["compaction"]["reason"] == "summarizer_error"
+    assert response.json()["compaction"]["cause"] == "provider_error"
     assert Message.objects.filter(conversation_id=pk, seq=4).active().exists()
     assert not Summary.objects.filter(conversation_id=pk).exists()
 
@@ -383,6 +430,7 @@ def test_a_crashing_auto_compaction_is_reported_and_logged_never_a_500(api, user
         "summary_version": None,
         "over_trigger": False,
         "detail": "RuntimeError",
+        "cause": "",
     }
     assert Message.objects.filter(conversation_id=pk).active().count() == 5
     attempt = CompactionAttempt.objects.get(conversation_id=pk)
@@ -403,7 +451,7 @@ def test_the_providers_error_text_reaches_the_log_and_the_attempt_not_the_client
     assert response.status_code == 502
     provider_text = "The fake server had an error."
     assert provider_text not in response.content.decode()
-    assert response.json()["detail"] == "The summarizer failed; nothing was changed."
+    assert response.json()["detail"] == "The summarizer answered with an error; nothing was changed."
     attempt = CompactionAttempt.objects.get(conversation=conversation)
     assert provider_text in attempt.error
     assert any(provider_text in record.getMessage() for record in caplog.records)

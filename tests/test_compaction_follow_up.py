@@ -169,6 +169,7 @@ def test_a_check_after_a_compaction_that_recorded_its_outcome_does_nothing(user,
         "summary_version": None,
         "over_trigger": False,
         "detail": str(CHECKED),
+        "cause": "",
     }
     assert queued() == []
     assert not Summary.objects.filter(conversation=conversation).exists()

@@ -176,6 +176,7 @@ def test_the_task_leaves_exactly_what_a_synchronous_compaction_leaves(
         "summary_version": 1,
         "over_trigger": False,
         "detail": "",
+        "cause": "",
     }
     assert state(background) == state(synchronous)
     assert_context_invariants(background, original_messages=[SYSTEM, *history(6)])

@@ -12,7 +12,7 @@ from django.db import DatabaseError, router
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, status
 
-from ctxsum.exceptions import SummarizerError, TooLarge
+from ctxsum.exceptions import FailureCause, SummarizerError, TooLarge
 from ctxsum.migration_state import unapplied_migrations
 from ctxsum.models import Conversation
 from ctxsum.policy import Reason, failure_reason
@@ -53,15 +53,35 @@ class MigrationsUnapplied(exceptions.APIException):
         self.named = {"migrations": names}
 
 
+# What the client reads of a summarizer failure, by its cause: never the provider's text
+# (it may quote the request, or name the account); the log and the attempt keep it.
+CAUSE_DETAILS = {
+    FailureCause.UNAUTHORIZED: _(
+        "The summarizer refused ctxsum's credentials (check SUMMARIZER_OPTIONS' api_key); "
+        "nothing was changed."
+    ),
+    FailureCause.UNREACHABLE: _("The summarizer could not be reached; nothing was changed."),
+    FailureCause.TIMEOUT: _("The summarizer did not answer in time; nothing was changed."),
+    FailureCause.RATE_LIMITED: _(
+        "The summarizer is rate limiting ctxsum; nothing was changed. Try again later."
+    ),
+    FailureCause.BAD_ANSWER: _(
+        "The summarizer's answer was not a usable summary; nothing was changed."
+    ),
+    FailureCause.PROVIDER_ERROR: _("The summarizer answered with an error; nothing was changed."),
+}
+
+
 class SummarizerFailed(exceptions.APIException):
     status_code = status.HTTP_502_BAD_GATEWAY
     default_detail = _("The summarizer failed; nothing was changed.")
     default_code = "summarizer_error"
 
-    def __init__(self, *, reason: Reason) -> None:
-        super().__init__(SUMMARY_CUT_OFF if reason == Reason.SUMMARY_TRUNCATED else None)
-        # summarizer_error, or summary_truncated for an answer cut off at its limit.
-        self.named = {"reason": str(reason)}
+    def __init__(self, *, reason: Reason, cause: FailureCause) -> None:
+        truncated = reason == Reason.SUMMARY_TRUNCATED
+        super().__init__(SUMMARY_CUT_OFF if truncated else CAUSE_DETAILS.get(cause))
+        # summarizer_error, or summary_truncated for an answer cut off at its limit; and why.
+        self.named = {"reason": str(reason), "cause": str(cause)}
 
 
 # An installed app's domain errors as the HTTP errors they mean: a function per app, which
@@ -84,7 +104,7 @@ def _unapplied() -> list[str]:
 def api_exception(exc: Exception) -> Exception:
     """Domain errors as the HTTP errors they mean: the core's, then each installed app's."""
     if isinstance(exc, SummarizerError):
-        return SummarizerFailed(reason=failure_reason(exc))
+        return SummarizerFailed(reason=failure_reason(exc), cause=exc.kind)
     if isinstance(exc, TooLarge | RequestDataTooBig):
         return PayloadTooLarge(str(exc))
     if isinstance(exc, RecursionError):

@@ -22,6 +22,7 @@ from rest_framework.fields import empty
 
 from ctxsum import message_schema
 from ctxsum.conf import ctxsum_settings
+from ctxsum.exceptions import FailureCause
 from ctxsum.message_schema import NULL, closed, nullable, string
 from ctxsum.policy import UNITS, Reason
 
@@ -268,10 +269,17 @@ class Error(serializers.Serializer[Any]):
 
 
 class BadGateway(Error):
-    """The summarizer failed (``summarizer_error``, with its ``reason``), or for a chat turn
-    the model did (``model_error``); nothing was changed."""
+    """The summarizer failed (``summarizer_error``, with its ``reason`` and ``cause``), or
+    for a chat turn the model did (``model_error``); nothing was changed."""
 
     reason = serializers.ChoiceField(choices=[str(r) for r in FAILURE_REASONS], required=False)
+    cause = serializers.ChoiceField(
+        choices=[str(cause) for cause in FailureCause],
+        required=False,
+        help_text="Why the summarizer failed: the provider refused the credentials, could "
+        "not be reached, did not answer in time, rate limited, gave an answer that is no "
+        "usable summary, answered another error, or another failure.",
+    )
 
 
 class FieldErrors(RawSchema):

@@ -15,6 +15,7 @@ from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.api import schema
+from ctxsum.exceptions import FailureCause
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
 from ctxsum.services import MAX_SUBJECT_CHARS
@@ -294,6 +295,12 @@ class AutoCompactionOutputSerializer(serializers.Serializer[Any]):
     summary_version = serializers.IntegerField(allow_null=True)
     over_trigger = serializers.BooleanField()
     detail = serializers.CharField(allow_blank=True)
+    cause = serializers.ChoiceField(
+        choices=["", *map(str, FailureCause)],
+        allow_blank=True,
+        help_text="Why the summarizer failed, for a summarizer_error (as a 502's cause); "
+        "blank otherwise.",
+    )
 
 
 class LeftOutWhenNone(serializers.Serializer[Any]):

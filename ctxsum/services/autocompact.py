@@ -70,6 +70,8 @@ class AutoCompaction:
     summary_version: int | None = None
     over_trigger: bool = False
     detail: str = ""
+    # Why the summarizer failed (FailureCause), for a summarizer_error; blank otherwise.
+    cause: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "reason": str(self.reason)}
@@ -304,8 +306,10 @@ async def _aautocompact(conversation: Conversation) -> AutoCompaction:
 def _auto_failed(conversation: Conversation, error: Exception) -> AutoCompaction:
     """What an automatic compaction that raised ``error`` answers: it never raises."""
     if isinstance(error, SummarizerError):
-        reason = failure_reason(error)
-        return AutoCompaction(compacted=False, reason=reason, detail=str(SUMMARIZER_FAILED))
+        reason, cause = failure_reason(error), str(error.kind)
+        return AutoCompaction(
+            compacted=False, reason=reason, detail=str(SUMMARIZER_FAILED), cause=cause
+        )
     if isinstance(error, Conversation.DoesNotExist):
         return AutoCompaction(compacted=False, reason=Reason.CONFLICT, detail=str(DELETED))
     logger.exception("Automatic compaction of conversation %s failed.", conversation.pk)

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum import coverage, formatting, tokens
 from ctxsum.conf import ctxsum_settings
 from ctxsum.coverage import Coverage
-from ctxsum.exceptions import SummarizerError
+from ctxsum.exceptions import FailureCause, SummarizerError
 from ctxsum.hooks import summary_facts_wanted
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import MIN_SUMMARY_BUDGET
@@ -191,7 +191,7 @@ def summary_steps(
         history = formatting.with_summary_so_far(text, chunk)
         answer = yield SummaryCall(prompt=prompt, history=history, model=model, budget=budget)
         if not answer.summary or not answer.summary.strip():
-            raise SummarizerError(BLANK_SUMMARY)
+            raise SummarizerError(BLANK_SUMMARY, kind=FailureCause.BAD_ANSWER)
         text = answer.summary.strip()
         answered = answer.model or answered
         input_tokens += count(prompt) + count(history)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar, overload
 import openai
 from django.core import checks
 
-from ctxsum.exceptions import SummarizerError, SummaryTruncated
+from ctxsum.exceptions import FailureCause, SummarizerError, SummaryTruncated
 from ctxsum.hooks import summary_facts_wanted
 from ctxsum.summarizers import facts as fact_parse
 from ctxsum.summarizers.base import BLANK_SUMMARY, Summarizer, SummaryAnswer
@@ -58,6 +58,13 @@ NO_CHOICES = "The summarizer returned no choices."
 NO_MESSAGE = "The summarizer returned a choice without a message."
 CLIENT_FAILED = "The OpenAI client could not be created."
 CALL_FAILED = "The summarizer call failed."
+# What a provider's error status means for the client (FailureCause); any other status is
+# a provider_error.
+STATUS_CAUSES = {
+    401: FailureCause.UNAUTHORIZED,
+    403: FailureCause.UNAUTHORIZED,
+    429: FailureCause.RATE_LIMITED,
+}
 TRUNCATED = (
     "The summary was cut off at {max_tokens} tokens (finish_reason: length); raise "
     "SUMMARY_MAX_TOKENS."
@@ -249,19 +256,23 @@ class OpenAISummarizer(Summarizer):
         client's (it propagates as it is)."""
         # APITimeoutError is an APIConnectionError: it must come first.
         if isinstance(exc, openai.APITimeoutError):
-            return SummarizerError(TIMED_OUT.format(timeout=float(self.timeout)), cause=exc)
+            message = TIMED_OUT.format(timeout=float(self.timeout))
+            return SummarizerError(message, cause=exc, kind=FailureCause.TIMEOUT)
         if isinstance(exc, openai.APIConnectionError):
             # Userinfo in a base URL would be a credential: keep it out of the message.
             base_url = client.base_url.copy_with(userinfo=b"")
-            return SummarizerError(CONNECTION_FAILED.format(base_url=base_url), cause=exc)
+            message = CONNECTION_FAILED.format(base_url=base_url)
+            return SummarizerError(message, cause=exc, kind=FailureCause.UNREACHABLE)
         if isinstance(exc, openai.APIStatusError):
             message = HTTP_ERROR.format(status=exc.status_code)
             detail = error_detail(exc.body)
-            return SummarizerError(f"{message} {detail}" if detail else message, cause=exc)
+            kind = STATUS_CAUSES.get(exc.status_code, FailureCause.PROVIDER_ERROR)
+            message = f"{message} {detail}" if detail else message
+            return SummarizerError(message, cause=exc, kind=kind)
         if isinstance(exc, openai.APIResponseValidationError | ValueError | RecursionError):
             # A 200 whose JSON body does not parse surfaces as json.JSONDecodeError, one
             # nested deeper than the parser recurses as RecursionError.
-            return SummarizerError(MALFORMED_RESPONSE, cause=exc)
+            return SummarizerError(MALFORMED_RESPONSE, cause=exc, kind=FailureCause.BAD_ANSWER)
         if isinstance(exc, openai.OpenAIError):
             return SummarizerError(f"{CALL_FAILED} {exc}", cause=exc)
         return None
@@ -333,7 +344,9 @@ def _answer(response: Any, *, max_tokens: int, facts_format: str) -> SummaryAnsw
     """
 
     def fail(message: str, detail: str) -> SummarizerError:
-        return SummarizerError(message, cause=MalformedResponse(detail))
+        return SummarizerError(
+            message, cause=MalformedResponse(detail), kind=FailureCause.BAD_ANSWER
+        )
 
     if response is None or isinstance(response, str | bytes):
         raise fail(MALFORMED_RESPONSE, f"The body is not a chat completion: {response!r:.200}")
