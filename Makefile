@@ -3,7 +3,7 @@
 # `make mutants` the mutation run, `make lint` ruff and mypy, `make package-check` a real install of the package into a new
 # project.
 
-.PHONY: venv run test mutants lint check bench replay-check package-check docs screenshots
+.PHONY: venv demo-venv run test mutants lint check bench replay-check package-check docs screenshots
 
 PYTHON ?= python3
 VENV := .venv
@@ -21,17 +21,28 @@ export TIKTOKEN_CACHE_DIR := $(SHARED_TIKTOKEN)
 endif
 endif
 
+DEMO_STAMP := $(VENV)/.installed-demo
+
 venv: $(STAMP)
 
-# Reinstalled only when pyproject.toml changes.
+# What the tests, the checks and the benchmarks use; reinstalled only when pyproject.toml
+# changes.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(DEMO_STAMP)
+
+# What `make run` needs: ctxsum and the example project's two packages, no dev tools.
+demo-venv: $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
 # The web server and, beside it, a task worker that runs the background compactions
 # (manage.py db_worker); Ctrl-C stops both, and so does the web server's exit.
-run: venv
+run: demo-venv
 	$(BIN)/python manage.py migrate
 	$(BIN)/python manage.py ctxsum_demo
 	$(BIN)/python manage.py db_worker --no-reload & worker=$$!; \
