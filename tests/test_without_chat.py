@@ -47,7 +47,7 @@ try:
     chat_route = True
 except NoReverseMatch:
     chat_route = False
-with override_settings(CTXSUM={"CHAT_TIMEOUT": 5}):
+with override_settings(CTXSUM={"CHAT_TIMEOUT": 5, "AUTO_COMPACT": False}):
     checks = sorted(m.id for m in run_checks() if (m.id or "").startswith("ctxsum."))
 print(json.dumps({
     "compacted": compacted,
