@@ -8,10 +8,6 @@ sent the summary, not the archived turns, while the graph state keeps every mess
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,9 +27,9 @@ from ctxsum.selectors import context_get, transcript_list
 from ctxsum.services import conversation_create
 from tests.factories import FILLER
 from tests.invariants import assert_context_invariants
+from tests.support.examples import run_example
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = "You are a terse travel assistant."
 POLICY = {"trigger": {"messages": 6}, "keep": {"messages": 2}}
 
@@ -383,25 +379,7 @@ EXAMPLE_REPLY = (
 @pytest.mark.slow
 def test_the_example_runs_and_compacts(model_server, tmp_path):
     model_server.reply = EXAMPLE_REPLY
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "OPENAI_BASE_URL": model_server.base_url,
-        "OPENAI_API_KEY": "test",
-        "DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite3",
-        "CTXSUM_SUMMARIZER": "offline",
-        "NO_PROXY": "127.0.0.1",
-    }
-    if "TIKTOKEN_CACHE_DIR" in os.environ:
-        env["TIKTOKEN_CACHE_DIR"] = os.environ["TIKTOKEN_CACHE_DIR"]
-
-    result = subprocess.run(
-        [sys.executable, "examples/langchain_agent.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_example("langchain_agent.py", base_url=model_server.base_url, tmp_path=tmp_path)
 
     assert result.returncode == 0, result.stderr
     assert "compacted: yes" in result.stdout

@@ -6,10 +6,6 @@ the conversation, and the next model call is sent the summary, not the archived 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,9 +22,9 @@ from ctxsum.selectors import context_get, transcript_list
 from ctxsum.services import conversation_compact, conversation_create, message_append
 from tests.factories import long_user_message
 from tests.invariants import assert_context_invariants
+from tests.support.examples import run_example
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parents[1]
 POLICY = {"trigger": {"messages": 8}, "keep": {"messages": 3}}
 QUESTION = "Question {n}: which trains leave for Lyon tomorrow morning, and which are cheapest?"
 
@@ -273,22 +269,8 @@ def test_the_example_runs_and_compacts(model_server, tmp_path):
         "Fourviere hill for the view, then walk down to Saint-Jean cathedral and along the "
         "Saone. "
     ) * 3
-    env = {
-        **os.environ,
-        "OPENAI_BASE_URL": model_server.base_url,
-        "OPENAI_API_KEY": "test",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
-        "CTXSUM_SUMMARIZER": "offline",
-        "NO_PROXY": "127.0.0.1",
-    }
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(
-        [sys.executable, "examples/openai_agents_session.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_example(
+        "openai_agents_session.py", base_url=model_server.base_url, tmp_path=tmp_path
     )
     assert done.returncode == 0, done.stderr
     assert "compacted: yes" in done.stdout, done.stdout
