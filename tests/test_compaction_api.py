@@ -451,7 +451,7 @@ def test_the_providers_error_text_reaches_the_log_and_the_attempt_not_the_client
     assert response.status_code == 502
     provider_text = "The fake server had an error."
     assert provider_text not in response.content.decode()
-    assert response.json()["detail"] == "The summarizer answered with an error; nothing was changed."
+    assert response.json()["detail"] == str(CAUSE_DETAILS["provider_error"])
     attempt = CompactionAttempt.objects.get(conversation=conversation)
     assert provider_text in attempt.error
     assert any(provider_text in record.getMessage() for record in caplog.records)
