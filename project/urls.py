@@ -2,7 +2,6 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import TemplateView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from project import offline_model, views
 
@@ -10,8 +9,7 @@ urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("chat/", views.chat, name="chat"),
     path("admin/", admin.site.urls),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/", include("ctxsum.api.schema_urls")),  # /api/schema/, /api/docs/
     path("api/", include("ctxsum.api.urls")),
     path("api-auth/", include("rest_framework.urls")),
 ]
