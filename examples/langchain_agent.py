@@ -58,10 +58,6 @@ SYSTEM = (
     "for any currency conversion."
 )
 TRIGGER_TOKENS = int(os.environ.get("CTXSUM_TRIGGER_TOKENS", "500"))
-# Where `make run` serves the stand-in model (CTXSUM_OFFLINE_MODEL_URL, as the project reads).
-OFFLINE_MODEL_URL = os.environ.get(
-    "CTXSUM_OFFLINE_MODEL_URL", "http://127.0.0.1:8000/offline-model/v1"
-)
 TURNS = [
     "Hi! I am planning a week in Lisbon from June 13 to June 20, landing late in the "
     "evening on a flight from Berlin. I would like a quiet neighbourhood near a tram line.",
@@ -87,11 +83,12 @@ def convert(amount: float, currency: str) -> str:
 
 
 def chat_model() -> ChatOpenAI:
-    """The agent's model: the configured OpenAI-compatible server (the openai client reads
-    OPENAI_API_KEY and OPENAI_BASE_URL), else the project's offline stand-in."""
-    model = os.environ.get("CTXSUM_CHAT_MODEL", "gpt-4o")
+    """The agent's model, as the project's chat turn has it: the configured
+    OpenAI-compatible server (the openai client reads OPENAI_API_KEY and OPENAI_BASE_URL),
+    else the project's offline stand-in (its CHAT_OPTIONS)."""
+    model = settings.CTXSUM["DEFAULT_MODEL"]
     if settings.OFFLINE_CHAT_MODEL:
-        return ChatOpenAI(model=model, base_url=OFFLINE_MODEL_URL, api_key="offline")
+        return ChatOpenAI(model=model, **settings.CTXSUM["CHAT_OPTIONS"])
     return ChatOpenAI(model=model)
 
 
@@ -125,7 +122,8 @@ def report(conversation: Conversation, state: dict[str, Any]) -> None:
 def unreachable(error: openai.APIConnectionError) -> int:
     print(f"Could not reach the model: {error}", file=sys.stderr)
     if settings.OFFLINE_CHAT_MODEL:
-        print(f"Start the offline model first (make run): {OFFLINE_MODEL_URL}", file=sys.stderr)
+        where = settings.CTXSUM["CHAT_OPTIONS"]["base_url"]
+        print(f"Start the offline model first (make run): {where}", file=sys.stderr)
     return 1
 
 
