@@ -30,7 +30,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from ctxsum.exceptions import SummarizerError
-from ctxsum.facts.lines import FACTS_HEADER
+from ctxsum.facts.block import FACTS_BLOCK
 from ctxsum.models import CompactionAttempt, Conversation, Summary
 from ctxsum.policy import PINNED_MAX, Reason
 from ctxsum.selectors import ActiveContext, context_get, transcript_list
@@ -433,11 +433,15 @@ def _check_revert(run: Run, step: Step, new: Summary) -> None:
 
 
 def _without_facts_block(context: ActiveContext) -> tuple[list[Any], list[int]]:
-    """The context's messages and their tokens, but the facts block's."""
+    """The context's messages and their tokens, but the facts block's (a pinned part of
+    the layout)."""
+    kinds = [part.kind for part in context.layout.pinned]
     kept = [
         (message, tokens)
-        for message, tokens in zip(context.messages, context.tokens, strict=True)
-        if not (message["role"] == "user" and str(message["content"]).startswith(FACTS_HEADER))
+        for index, (message, tokens) in enumerate(
+            zip(context.messages, context.tokens, strict=True)
+        )
+        if index >= len(kinds) or kinds[index] != FACTS_BLOCK
     ]
     return [message for message, _ in kept], [tokens for _, tokens in kept]
 
