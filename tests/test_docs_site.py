@@ -1,0 +1,105 @@
+"""The documentation site's reference pages say what the code does: docs/reference/settings.md
+documents every key of CTXSUM with its real default and type, and no key that does not
+exist."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+import pytest
+from django.utils.module_loading import import_string
+
+from ctxsum.chat.conf import ChatDefaults
+from ctxsum.conf import Defaults
+from tests.support.shared import REPO_ROOT
+
+SETTINGS_MD = REPO_ROOT / "docs" / "reference" / "settings.md"
+# A key of CTXSUM as the page names it: in code, as a heading or a table row's first cell.
+KEY_HEADING = re.compile(r"^#{2,6} `([A-Z][A-Z0-9_]*)`\s*$", re.MULTILINE)
+KEY_ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]*)` \|", re.MULTILINE)
+CHECK_ROW = re.compile(r"^\| `(ctxsum\.[EW]\d{3})` \|", re.MULTILINE)
+CHECK_ID = re.compile(r"ctxsum\.[EW]\d{3}")
+
+# Defaults, not ctxsum.conf.DEFAULTS: the test settings change two of its values.
+DEFAULT_CLASSES: tuple[type, ...] = (Defaults, ChatDefaults)
+
+
+def setting_keys() -> dict[str, tuple[Any, str]]:
+    """Every key of CTXSUM: its default and its annotated type."""
+    return {
+        name: (getattr(cls, name), annotation)
+        for cls in DEFAULT_CLASSES
+        for name, annotation in cls.__annotations__.items()
+    }
+
+
+def documented_keys(text: str) -> list[str]:
+    return KEY_HEADING.findall(text) + KEY_ROW.findall(text)
+
+
+def sections(text: str) -> dict[str, str]:
+    """Each key's heading and the text under it, up to the next heading."""
+    parts = re.split(r"^(#{2,6} .*)$", text, flags=re.MULTILINE)
+    found = {}
+    for heading, body in zip(parts[1::2], parts[2::2], strict=True):
+        match = KEY_HEADING.match(heading)
+        if match:
+            found[match.group(1)] = body
+    return found
+
+
+def field(body: str, name: str) -> str:
+    """The code of a key's ``- Name: `code``` line."""
+    match = re.search(rf"^- {name}: `([^`]+)`", body, flags=re.MULTILINE)
+    assert match, f"no {name!r} line"
+    return match.group(1)
+
+
+def default_of(code: str) -> Any:
+    """A default as the page writes it: a Python literal, or the dotted path of a constant."""
+    try:
+        return ast.literal_eval(code)
+    except (ValueError, SyntaxError):
+        return import_string(code)
+
+
+@pytest.fixture(scope="module")
+def settings_page() -> str:
+    return SETTINGS_MD.read_text(encoding="utf-8")
+
+
+def test_every_setting_is_documented_and_nothing_else(settings_page):
+    documented = documented_keys(settings_page)
+    keys = setting_keys()
+    assert sorted(set(keys) - set(documented)) == [], "settings missing from the page"
+    assert sorted(set(documented) - set(keys)) == [], "the page names keys that do not exist"
+    assert len(documented) == len(set(documented)), "a key documented twice"
+
+
+@pytest.mark.parametrize("key", sorted(setting_keys()))
+def test_a_settings_default_and_type_are_the_codes(settings_page, key):
+    default, annotation = setting_keys()[key]
+    body = sections(settings_page)[key]
+    assert default_of(field(body, "Default")) == default
+    assert field(body, "Type") == annotation
+
+
+def test_the_system_checks_table_lists_every_check_the_code_reports(settings_page):
+    in_code = {
+        check_id
+        for path in (REPO_ROOT / "ctxsum").rglob("*.py")
+        for check_id in CHECK_ID.findall(path.read_text(encoding="utf-8"))
+    }
+    assert sorted(CHECK_ROW.findall(settings_page)) == sorted(in_code)
+    # and every check a key's section names is one the code reports
+    assert set(CHECK_ID.findall(settings_page)) <= in_code
+
+
+def test_the_parsers_find_what_they_look_for():
+    page = '## Part\n\n### `TRIGGER`\n\n- Default: `{"tokens": 1}`\n- Type: `int`\n\n'
+    page += "| `KEEP` | x |\n"
+    assert documented_keys(page) == ["TRIGGER", "KEEP"]
+    assert default_of(field(sections(page)["TRIGGER"], "Default")) == {"tokens": 1}
+    assert default_of("ctxsum.conf.DEFAULT_PROMPT").startswith("You compress")
