@@ -1,5 +1,5 @@
 """The API's documentation runs: docs/api.md is what its requests answer today, and the
-README's curl examples work, in order, against a live server."""
+quickstart's curl walkthrough (docs/quickstart.md) works, in order, against a live server."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from project.api_docs import generate, render
+from tests.factories import OFFLINE_SUMMARIZER
 from tests.support.shared import REPO_ROOT
 
 API_MD = REPO_ROOT / "docs" / "api.md"
-README = REPO_ROOT / "README.md"
+QUICKSTART = REPO_ROOT / "docs" / "quickstart.md"
+WALKTHROUGH = "\n## The REST API with curl\n"
 BASH = shutil.which("bash")
 CURL = shutil.which("curl")
 
@@ -42,18 +44,17 @@ def test_docs_api_md_is_what_its_requests_answer():
         pytest.fail("docs/api.md is out of date; run make docs.\n" + "".join(diff)[:8000])
 
 
-# --------------------------------------------------------------------------- README
+# --------------------------------------------------------------------------- the walkthrough
 
 
-def rest_api_blocks() -> tuple[str, str]:
-    """The README's REST API section: its setup block (``auth=(…)``) and the block of curl
-    examples after it."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## REST API\n", 1)[1].split("\n## ", 1)[0]
+def walkthrough_blocks() -> tuple[str, str]:
+    """The quickstart's curl walkthrough: its setup block (``auth=(…)``) and the shell blocks
+    after it, in the order the page gives them, as one script."""
+    text = QUICKSTART.read_text(encoding="utf-8")
+    section = text.split(WALKTHROUGH, 1)[1].split("\n## ", 1)[0]
     blocks = [part.split("\n```", 1)[0] for part in section.split("```sh\n")[1:]]
     setup = next(index for index, block in enumerate(blocks) if "auth=(" in block)
-    examples = next(block for block in blocks[setup + 1 :] if "curl " in block)
-    return blocks[setup], examples
+    return blocks[setup], "\n".join(blocks[setup + 1 :])
 
 
 def shell_commands(block: str) -> list[str]:
@@ -106,6 +107,10 @@ def send_with_curl(argv: list[str]) -> tuple[int, str]:
     return int(status), body
 
 
+# -s (no progress meter), -N (no buffering of a stream), and the two together.
+OUTPUT_ONLY = frozenset({"-s", "-N", "-sN"})
+
+
 def send_with_urllib(argv: list[str]) -> tuple[int, str]:
     """The request curl would make of ``argv``: its -H headers, -X method, -d body and URL;
     any other option fails the test rather than be dropped."""
@@ -119,6 +124,8 @@ def send_with_urllib(argv: list[str]) -> tuple[int, str]:
             method = next(words)
         elif word == "-d":
             data = next(words).encode()
+        elif word in OUTPUT_ONLY:  # how curl shows the answer, not what it sends
+            continue
         else:
             assert not word.startswith("-"), f"curl option {word} has no translation"
             urls.append(word)
@@ -142,11 +149,37 @@ TRANSPORTS = [
 ]
 
 
+@pytest.fixture
+def walkthrough_settings(settings, live_server, model_server):
+    """The example project's settings as `make run` has them with no OpenAI variable set,
+    without the network: the offline summarizer, and a chat model on 127.0.0.1 (the local
+    OpenAI-compatible server of tests/openai_server.py)."""
+    settings.CTXSUM = {
+        **settings.CTXSUM,
+        "SUMMARIZER": OFFLINE_SUMMARIZER,
+        "CHAT_OPTIONS": {"base_url": model_server.base_url, "api_key": "x"},
+        "CHAT_RETRY_BACKOFF": 0,
+    }
+    return live_server
+
+
+def answer_json(body: str) -> dict | None:
+    try:
+        answer = json.loads(body)
+    except ValueError:  # a streamed turn's server-sent events
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
 @needs_bash
 @pytest.mark.parametrize("send", TRANSPORTS)
+@pytest.mark.ctxsum_defaults
 @pytest.mark.django_db(transaction=True)
-def test_readme_curl_examples_run_in_order(send, live_server, django_user_model):
-    setup, examples = rest_api_blocks()
+def test_the_quickstart_curl_walkthrough_runs_in_order(
+    send, walkthrough_settings, django_user_model
+):
+    live_server = walkthrough_settings
+    setup, examples = walkthrough_blocks()
     definitions = "\n".join(
         line for line in setup.splitlines() if line.startswith(("auth=(", "json=("))
     )
@@ -156,7 +189,7 @@ def test_readme_curl_examples_run_in_order(send, live_server, django_user_model)
     answered = []
     for command in shell_commands(examples):
         if command.startswith("export CONV="):
-            # The README names the conversation its create answered: so does the test.
+            # The page names the conversation its create answered: so does the test.
             (method, path, _, body) = answered[-1]
             assert (method, path) == ("POST", "/api/conversations/"), command
             env["CONV"] = json.loads(body)["id"]
@@ -166,9 +199,36 @@ def test_readme_curl_examples_run_in_order(send, live_server, django_user_model)
         status, body = send(argv)
         assert 200 <= status < 300, f"{command}\n-> {status} {body}"
         method = argv[argv.index("-X") + 1] if "-X" in argv else "GET"
+        if method == "GET" and "-d" in argv:
+            method = "POST"
         answered.append((method, url(argv).removeprefix(live_server.url), status, body))
-    assert [(method, status) for method, _, status, _ in answered][-1] == ("DELETE", 204)
+
     assert len(answered) == examples.count("curl ")
+    # Every request of the page was made, in order, and the conversation's deletion last.
+    assert [(method, status) for method, _, status, _ in answered][-1] == ("DELETE", 204)
+    assert [method for method, *_ in answered].count("DELETE") == 1
+    # One of the answers is a compaction that compacted, as the page shows it.
+    compactions = [
+        answer_json(body) for _, path, _, body in answered if path.endswith("/compact/")
+    ]
+    made = [answer for answer in compactions if answer and answer["compacted"] is True]
+    assert len(made) == 1, compactions
+    assert made[0]["reason"] == "compacted" and made[0]["summary"]["version"] == 1
+    assert '# {"compacted": true, "reason": "compacted"' in examples
+    # The chat turns were answered by the model, the streamed one to its end.
+    turns = [body for _, path, _, body in answered if path.endswith("/chat/")]
+    assert len(turns) == 2
+    assert len(answer_json(turns[0])["messages"]) == 2
+    assert "event: ctxsum" in turns[1] and turns[1].rstrip().endswith("data: [DONE]")
+    # The redaction left a stale summary that the rebuild wrote anew.
+    redacted = next(i for i, (_, path, *_) in enumerate(answered) if path.endswith("/redact/"))
+    assert answer_json(answered[redacted][3])["content"] == "[redacted]"
+    (summary,) = answer_json(answered[redacted + 1][3])["results"]
+    assert (summary["version"], summary["stale"]) == (1, True)
+    (rebuilt,) = [
+        answer_json(body) for _, path, _, body in answered if path.endswith("/rebuild/")
+    ]
+    assert rebuilt["rebuilt"] is True, rebuilt
 
 
 @needs_bash
