@@ -21,12 +21,12 @@ from tests.factories import OFFLINE_SUMMARIZER, turns
 pytestmark = pytest.mark.django_db
 LONG = "turn {i}: the traveller wants a morning flight to Delhi with a window seat " * 3
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "guide" / "python-api.md"
 
 
 def documented() -> tuple[set[str], set[str]]:
-    """The writes and the reads of the README's Python API table."""
-    section = README.read_text(encoding="utf-8").split("### The Python API", 1)[1]
+    """The writes and the reads of the Python API table (docs/guide/python-api.md)."""
+    section = PAGE.read_text(encoding="utf-8")
     table = section[section.index("| writes") :].split("\n\n", 1)[0]
     writes: set[str] = set()
     reads: set[str] = set()
@@ -38,13 +38,13 @@ def documented() -> tuple[set[str], set[str]]:
 
 
 def documented_facts() -> set[str]:
-    """The writes the README names under the table, for the optional app ctxsum.facts."""
-    section = README.read_text(encoding="utf-8").split("### The Python API", 1)[1]
+    """The writes the page names under the table, for the optional app ctxsum.facts."""
+    section = PAGE.read_text(encoding="utf-8")
     line = section[section.index("`ctxsum.facts.services` adds") :].split("\n\n", 1)[0]
     return set(re.findall(r"`([a-z_]+)`", line.split(":", 1)[1]))
 
 
-def test_the_facts_app_exports_what_the_readme_documents():
+def test_the_facts_app_exports_what_the_page_documents():
     writes = documented_facts()
     assert writes == set(fact_services.__all__) == {"fact_add", "fact_change", "fact_delete"}
     assert not writes & set(services.__all__)
@@ -54,13 +54,13 @@ def test_the_facts_app_exports_what_the_readme_documents():
 
 
 def documented_chat(module: str) -> set[str]:
-    """The names the README gives under the table for ``module`` of the app ctxsum.chat."""
-    section = README.read_text(encoding="utf-8").split("### The Python API", 1)[1]
+    """The names the page gives under the table for ``module`` of the app ctxsum.chat."""
+    section = PAGE.read_text(encoding="utf-8")
     line = section[section.index(f"`{module}` adds") :].split("\n\n", 1)[0]
     return set(re.findall(r"`([A-Za-z_]+)`", line.split(":", 1)[1]))
 
 
-def test_the_chat_app_exports_what_the_readme_documents():
+def test_the_chat_app_exports_what_the_page_documents():
     writes = documented_chat("ctxsum.chat.services")
     expected = {"chat_turn", "achat_turn", "ChatResult", "ChatStream"}
     assert writes == set(chat_services.__all__) == expected
@@ -71,7 +71,7 @@ def test_the_chat_app_exports_what_the_readme_documents():
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters)
 
 
-def test_the_packages_export_what_the_readme_documents():
+def test_the_packages_export_what_the_page_documents():
     writes, reads = documented()
     assert {"conversation_create", "message_append", "conversation_compact"} <= writes
     assert writes <= set(services.__all__)
