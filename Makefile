@@ -80,10 +80,12 @@ check: venv
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run
 
-# docs/api.md, written from real requests on a new database (in memory); the tests fail
-# when it no longer matches what those requests answer.
+# docs/api.md, written from real requests on a new database (in memory), and
+# docs/reference/rest-api.md, from the OpenAPI document; the tests fail when either no longer
+# matches what the requests answer or what the document says.
 docs: venv
 	DATABASE_URL=sqlite://:memory: $(BIN)/python manage.py ctxsum_api_docs
+	$(BIN)/python manage.py ctxsum_rest_reference
 
 # The README's pictures of the admin and the chat page, taken by the headless-browser tests
 # (Debian's chromium and chromium-driver); the test suite itself writes them to a temporary

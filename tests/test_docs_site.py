@@ -1,10 +1,11 @@
 """The documentation site's reference pages say what the code does: docs/reference/settings.md
 documents every key of CTXSUM with its real default and type, and no key that does not
-exist."""
+exist; docs/reference/rest-api.md is what the OpenAPI document says today."""
 
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 from typing import Any
 
@@ -13,9 +14,11 @@ from django.utils.module_loading import import_string
 
 from ctxsum.chat.conf import ChatDefaults
 from ctxsum.conf import Defaults
+from project.rest_reference import PAGE, generate, render
 from tests.support.shared import REPO_ROOT
 
 SETTINGS_MD = REPO_ROOT / "docs" / "reference" / "settings.md"
+REST_API_MD = REPO_ROOT / PAGE
 # A key of CTXSUM as the page names it: in code, as a heading or a table row's first cell.
 KEY_HEADING = re.compile(r"^#{2,6} `([A-Z][A-Z0-9_]*)`\s*$", re.MULTILINE)
 KEY_ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]*)` \|", re.MULTILINE)
@@ -103,3 +106,71 @@ def test_the_parsers_find_what_they_look_for():
     assert documented_keys(page) == ["TRIGGER", "KEEP"]
     assert default_of(field(sections(page)["TRIGGER"], "Default")) == {"tokens": 1}
     assert default_of("ctxsum.conf.DEFAULT_PROMPT").startswith("You compress")
+
+
+# --------------------------------------------------------------------------- REST API
+
+
+def test_docs_reference_rest_api_md_is_what_the_openapi_document_says():
+    generated = generate()
+    committed = REST_API_MD.read_text(encoding="utf-8")
+    if generated != committed:
+        diff = difflib.unified_diff(
+            committed.splitlines(keepends=True),
+            generated.splitlines(keepends=True),
+            PAGE,
+            "what the OpenAPI document says",
+        )
+        pytest.fail(f"{PAGE} is out of date; run make docs.\n" + "".join(diff)[:8000])
+
+
+def test_the_rest_reference_renders_operations_parameters_bodies_and_schemas():
+    document = {
+        "openapi": "3.1.0",
+        "info": {"title": "t", "version": "1"},
+        "paths": {
+            "/things/{id}/": {
+                "post": {
+                    "operationId": "things_touch",
+                    "summary": "Touch a thing",
+                    "tags": ["things"],
+                    "parameters": [
+                        {"in": "path", "name": "id", "required": True, "schema": {"type": "string"}}
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/In"}}
+                        },
+                    },
+                    "responses": {"204": {"description": "Touched | done."}},
+                }
+            }
+        },
+        "components": {
+            "schemas": {
+                "In": {
+                    "type": "object",
+                    "properties": {
+                        "count": {"type": ["integer", "null"], "minimum": 1},
+                        "kind": {"$ref": "#/components/schemas/KindEnum"},
+                    },
+                    "required": ["kind"],
+                    "additionalProperties": False,
+                },
+                "KindEnum": {"enum": ["a", "b"], "description": "* `a` - a\n* `b` - b"},
+            }
+        },
+    }
+    page = render(document)
+    assert "[`POST /things/{id}/`](#operation-things_touch)" in page
+    assert "### `POST /things/{id}/` { #operation-things_touch }" in page
+    assert "| `id` | path | string | yes |  |" in page
+    assert "**Request body** (required)" in page
+    assert "- `application/json`: [`In`](#schema-In)" in page
+    assert "| 204 | none | Touched \\| done. |" in page
+    assert "| `count` | integer ≥ 1 or null | no |  |" in page
+    assert "| `kind` | [`KindEnum`](#schema-KindEnum) | yes |  |" in page
+    assert "No other field is accepted." in page
+    assert 'Type: one of `"a"`, `"b"`.' in page
+    assert "* `a`" not in page
