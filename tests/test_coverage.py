@@ -16,7 +16,7 @@ from ctxsum.models import Summary
 from tests.support.shared import FIXTURE_CONVERSATIONS
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+COVERAGE_PAGE = ROOT / "docs" / "guide" / "stale-summaries.md"
 
 
 def kinds(text: str) -> dict[str, str]:
@@ -166,8 +166,9 @@ def test_any_text_covers_itself(texts):
 
 
 @pytest.mark.django_db
-def test_the_readmes_figure_is_the_sample_conversations(user, settings):
-    """README.md's coverage table is what the check finds on the sample conversation."""
+def test_the_documented_figure_is_the_sample_conversations(user, settings):
+    """The coverage table of docs/guide/stale-summaries.md is what the check finds on the
+    sample conversation."""
     settings.CTXSUM = {"SUMMARIZER": "ctxsum.summarizers.offline.OfflineSummarizer"}
     sample = json.loads((ROOT / "project" / "sample_conversation.json").read_text("utf-8"))
     conversation = services.conversation_create(
@@ -183,7 +184,8 @@ def test_the_readmes_figure_is_the_sample_conversations(user, settings):
         rows.append([kind, len(of_kind), sum(fact["present"] for fact in of_kind), missing])
     present = sum(fact["present"] for fact in facts)
     rows.append(["**all**", f"**{len(facts)}**", f"**{present} ({summary.coverage:.0%})**", ""])
-    lines = {_table_row(line.strip("|").split("|")) for line in README.read_text().splitlines()}
+    page = COVERAGE_PAGE.read_text(encoding="utf-8")
+    lines = {_table_row(line.strip("|").split("|")) for line in page.splitlines()}
     assert all(_table_row(row) in lines for row in rows), rows
     assert (summary.from_seq, summary.to_seq) == (1, 11)
 
