@@ -26,7 +26,13 @@ from django.utils.translation import gettext_lazy as _
 from ctxsum import services
 from ctxsum.admin import actions as batch
 from ctxsum.admin import filters, queries, views
-from ctxsum.admin.base import ConversationModelAdmin, ReviewMediaMixin, badge, conversation_link
+from ctxsum.admin.base import (
+    ConversationModelAdmin,
+    RefusalMixin,
+    ReviewMediaMixin,
+    badge,
+    conversation_link,
+)
 from ctxsum.admin.forms import EDITABLE, ConversationForm
 from ctxsum.hooks import conversation_rows
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
@@ -38,7 +44,7 @@ REVERT_MANY = "manage.py ctxsum_revert ID…"
 
 
 @admin.register(Conversation)
-class ConversationAdmin(ReviewMediaMixin, ConversationModelAdmin):
+class ConversationAdmin(RefusalMixin, ReviewMediaMixin, ConversationModelAdmin):
     form = ConversationForm
     # Readable at 1,280 px beside the admin's navigation and the filters: the owner and the
     # source go under the title.

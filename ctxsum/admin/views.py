@@ -22,6 +22,7 @@ from django.utils.translation import gettext
 
 from ctxsum import services
 from ctxsum.admin import queries
+from ctxsum.admin.base import refusing
 from ctxsum.admin.rendering import (
     message_views,
     stale_reasons,
@@ -42,7 +43,8 @@ def viewable(model_admin: admin.ModelAdmin[M], request: HttpRequest, object_id: 
     if obj is None:
         raise Http404(gettext("No such %s.") % model_admin.opts.verbose_name)
     if not model_admin.has_view_permission(request, obj):
-        raise PermissionDenied
+        names = model_admin.opts.verbose_name_plural
+        raise PermissionDenied(gettext("You may not view %(names)s.") % {"names": names})
     return obj
 
 
@@ -82,6 +84,7 @@ def _page(
     }
 
 
+@refusing
 def conversation_review(
     model_admin: admin.ModelAdmin[Conversation], request: HttpRequest, object_id: str
 ) -> HttpResponse:
@@ -116,6 +119,7 @@ def conversation_review(
     return TemplateResponse(request, "ctxsum/admin/conversation_review.html", context)
 
 
+@refusing
 def summary_review(
     model_admin: admin.ModelAdmin[Summary], request: HttpRequest, object_id: str
 ) -> HttpResponse:
@@ -146,6 +150,7 @@ def summary_review(
     return TemplateResponse(request, "ctxsum/admin/summary_review.html", context)
 
 
+@refusing
 def message_redact(
     model_admin: admin.ModelAdmin[Conversation], request: HttpRequest, object_id: str, seq: int
 ) -> HttpResponse:
@@ -153,7 +158,9 @@ def message_redact(
     checks): redact it through ``services.message_redact``."""
     conversation = viewable(model_admin, request, object_id)
     if not may_redact(request):
-        raise PermissionDenied
+        raise PermissionDenied(
+            gettext("Redacting a message needs the permission to change messages.")
+        )
     message = get_object_or_404(Message, conversation=conversation, seq=seq)
     review = reverse("admin:ctxsum_conversation_review", args=[conversation.pk])
     back = f"{review}?page={queries.page_of(seq)}#m{seq}"
@@ -178,6 +185,7 @@ def message_redact(
     return TemplateResponse(request, "ctxsum/admin/message_redact.html", context)
 
 
+@refusing
 def summary_revert(
     model_admin: admin.ModelAdmin[Conversation],
     request: HttpRequest,
@@ -188,7 +196,9 @@ def summary_revert(
     token the admin checks): revert it through ``services.conversation_revert``."""
     conversation = viewable(model_admin, request, object_id)
     if not model_admin.has_change_permission(request, conversation):
-        raise PermissionDenied
+        raise PermissionDenied(
+            gettext("Undoing a compaction needs the permission to change conversations.")
+        )
     summary = get_object_or_404(
         Summary.objects.select_related("previous"), conversation=conversation, version=version
     )

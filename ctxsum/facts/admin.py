@@ -17,7 +17,13 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum.admin.base import ReviewMediaMixin, badge, conversation_link, short_time
+from ctxsum.admin.base import (
+    RefusalMixin,
+    ReviewMediaMixin,
+    badge,
+    conversation_link,
+    short_time,
+)
 from ctxsum.facts import panels, services
 from ctxsum.facts.models import Fact
 from ctxsum.facts.panels import FactRow
@@ -51,7 +57,7 @@ class ScopeFilter(admin.SimpleListFilter):
 
 
 @admin.register(Fact)
-class FactAdmin(ReviewMediaMixin, FactModelAdmin):
+class FactAdmin(RefusalMixin, ReviewMediaMixin, FactModelAdmin):
     list_display = ("fact", "scope", "pinned", "author", "sources", "tokens", "confirmed")
     list_display_links = ("fact",)
     list_filter = ("pinned", "changed_by", ScopeFilter)
