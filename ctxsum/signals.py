@@ -2,13 +2,17 @@
 
 from django.dispatch import Signal
 
-# sender=Conversation; conversation=, messages=[Message, ...]
 messages_appended = Signal()
-# sender=Conversation; conversation=, summary=Summary, attempt=CompactionAttempt
+"""Messages were stored.
+``sender=Conversation``; ``conversation=``, ``messages=[Message, ...]``."""
 summary_created = Signal()
-# sender=Conversation; conversation=, attempt=CompactionAttempt, error=the exception raised
-# (not an Exception when the worker was interrupted: KeyboardInterrupt, SystemExit, …)
+"""A compaction wrote a summary. ``sender=Conversation``; ``conversation=``,
+``summary=Summary``, ``attempt=CompactionAttempt``."""
 compaction_failed = Signal()
-# sender=Conversation; conversation=, summary=the reverted Summary, restored=the Summary
-# active again (None: none), attempt=CompactionAttempt
+"""A compaction failed. ``sender=Conversation``; ``conversation=``,
+``attempt=CompactionAttempt``, ``error=`` the exception raised (not an ``Exception`` when the
+worker was interrupted: ``KeyboardInterrupt``, ``SystemExit``, …)."""
 summary_reverted = Signal()
+"""A summary was reverted. ``sender=Conversation``; ``conversation=``, ``summary=`` the
+reverted ``Summary``, ``restored=`` the ``Summary`` active again (None: none),
+``attempt=CompactionAttempt``."""
