@@ -49,6 +49,18 @@ class SummaryTruncated(SummarizerError):
     default_kind = FailureCause.BAD_ANSWER
 
 
+class Problem(str):
+    """The words of one error about a field, and the stable code a program reads: the REST
+    API answers it as the error's ``code`` (``required``, ``unknown_field``, …)."""
+
+    code: str
+
+    def __new__(cls, words: object, code: str = "invalid") -> Problem:
+        problem = super().__new__(cls, str(words))
+        problem.code = code
+        return problem
+
+
 class TooLarge(CtxsumError):
     """A message, batch or request body is over its configured limit."""
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
-from ctxsum.exceptions import MessagesInvalid, TooLarge
+from ctxsum.exceptions import MessagesInvalid, Problem, TooLarge
 from ctxsum.message_schema import DEFINITIONS, FIELDS, MESSAGE, NULL, Schema
 from ctxsum.message_schema import EXTRA_FIELDS as EXTRA_FIELDS
 from ctxsum.message_schema import MAX_ID_LENGTH as MAX_ID_LENGTH
@@ -354,6 +354,16 @@ def _worded(failure: Failure) -> str:
     )
 
 
+# The code of a field's failure, by the keyword that failed ("role": a field the message's
+# role must not send); any other is "invalid".
+CODES = {"required": "required", "null": "null", "role": "not_allowed"}
+
+
+def _problem(failure: Failure) -> Problem:
+    """A failure of one field as the API words it, with its code."""
+    return Problem(_worded(failure), CODES.get(failure.keyword, "invalid"))
+
+
 def _repeated_ids(calls: list[Any], failures: list[Failure]) -> list[Failure]:
     """A failure for each tool call whose (valid) id an earlier call of the message has:
     what no JSON Schema keyword says."""
@@ -397,11 +407,15 @@ def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
     if MESSAGE_PASSES(message) and (not calls or len({call["id"] for call in calls}) == len(calls)):
         return {}  # the usual message, found valid (no unknown field: closed schemas)
     unknown = [field_name(field) for field in sorted(set(message) - set(FIELDS))]
-    errors = {key: [str(UNKNOWN_FIELD)] for key in unknown}
+    errors: dict[str, list[str]] = {
+        key: [Problem(UNKNOWN_FIELD, "unknown_field")] for key in unknown
+    }
     role = message.get("role")
     failures = list(schema_failures(MESSAGE, message))
     if failures and failures[0].path == ("role",):
-        return {**errors, "role": [str(REQUIRED if role is None else BAD_ROLE)]}
+        if role is None:
+            return {**errors, "role": [Problem(REQUIRED, "required")]}
+        return {**errors, "role": [Problem(BAD_ROLE, "invalid_choice")]}
     allowed = _resolve({"$ref": MESSAGE["discriminator"]["mapping"][role]})["properties"]
     nested: dict[str, list[Failure]] = {}
     for failure in failures:
@@ -413,15 +427,15 @@ def _message_errors(message: Mapping[str, Any]) -> dict[str, list[str]]:
                 keyword = "role"
             elif keyword == "type" and message[field] is None:
                 keyword = "null"
-            errors[field] = [_worded(Failure(failure.path, keyword))]
+            errors[field] = [_problem(Failure(failure.path, keyword))]
         elif keyword == "additionalProperties":
             extras = [key for key in failure.found if key in FIELDS]
-            errors |= {key: [_worded(Failure((key,), "role"))] for key in extras}
+            errors |= {key: [_problem(Failure((key,), "role"))] for key in extras}
         elif not any(message.get(key) for key in failure.found):
             # A reply with none of content, tool_calls, refusal or audio (a field sent with
             # a value of the wrong type has its own error).
             missing = "null" if "content" in message else "required"
-            errors.setdefault("content", [_worded(Failure(("content",), missing))])
+            errors.setdefault("content", [_problem(Failure(("content",), missing))])
     if "tool_calls" not in errors and isinstance(calls := message.get("tool_calls"), list):
         inner = nested.get("tool_calls", [])
         nested["tool_calls"] = [*inner, *_repeated_ids(calls, inner)]

@@ -166,14 +166,16 @@ def test_bad_gateway_and_errors_have_their_codes(document):
     assert_valid(bad_gateway, {**failed, "reason": "summary_truncated"})
     assert not bad_gateway.is_valid({**failed, "reason": "other"})
     bad_request = component(document, "BadRequest")
+    invalid = {"detail": "title: Must be a string.", "code": "invalid"}
     for body in (
-        {"title": ["Must be a string."]},
-        {"policy": {"keep": ["…"]}},
-        {"messages": [{}, {"tool_call_id": ["…"]}]},
-        {"messages": ["Must be a list of messages."]},
+        {**invalid, "errors": [{"field": "title", "code": "invalid", "detail": "…"}]},
+        {**invalid, "errors": [{"field": None, "code": "invalid", "detail": "…"}]},
         {"detail": "JSON parse error", "code": "parse_error"},
     ):
         assert_valid(bad_request, body)
+    # Field errors without a code, as DRF shapes them, are not what the API answers.
+    assert not bad_request.is_valid({"title": ["Must be a string."]})
+    assert not bad_request.is_valid({**invalid, "errors": [{"field": "title", "detail": "…"}]})
 
 
 # --------------------------------------------------------------------------- messages

@@ -22,7 +22,7 @@ from rest_framework.serializers import Serializer
 
 from ctxsum import selectors
 from ctxsum.api import paths
-from ctxsum.api.errors import ServerError, error_body
+from ctxsum.api.errors import ServerError, error_body, invalid_body
 from ctxsum.api.exceptions import (
     CONVERSATION_NOT_FOUND,
     LengthRequired,
@@ -93,7 +93,10 @@ class CtxsumView(GenericAPIView[Any]):
             )
             exc = ServerError()
         response = super().handle_exception(exc)
-        if isinstance(exc, exceptions.ValidationError) or not isinstance(response.data, dict):
+        if isinstance(exc, exceptions.ValidationError):
+            response.data = invalid_body(exc.detail)
+            return response
+        if not isinstance(response.data, dict):
             return response
         # Every other error: its detail and a stable code.
         detail = response.data.get("detail", "")

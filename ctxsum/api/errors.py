@@ -1,6 +1,6 @@
 """Errors as JSON: every answer of the API that is not a success carries ``detail`` (what
-went wrong, for people) and ``code`` (stable, for programs); field errors of a 400 name each
-field instead.
+went wrong, for people) and ``code`` (stable, for programs); a 400's field errors are listed
+under ``errors``, each with the field it is about, its own code and its words.
 
 ``bad_request``, ``page_not_found`` and ``server_error`` are handlers a project can install
 (``handler400``/``handler404``/``handler500`` in its root URLconf): under the API's prefix,
@@ -10,7 +10,7 @@ failure in middleware); elsewhere they answer Django's own pages.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -18,10 +18,13 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext_lazy as _
 from django.views import defaults
 from rest_framework import exceptions, status
+from rest_framework.settings import api_settings
 
 SERVER_ERROR = _("A server error occurred; it has been logged.")
 NOT_FOUND = _("Not found.")
 BAD_REQUEST = _("Bad request.")
+# The first field error, and how many more there are.
+MORE_ERRORS = _("{first} (and {count} more)")
 
 
 class ServerError(exceptions.APIException):
@@ -34,6 +37,45 @@ class ServerError(exceptions.APIException):
 
 def error_body(detail: Any, code: str) -> dict[str, str]:
     return {"detail": str(detail), "code": code}
+
+
+def invalid_body(detail: Any) -> dict[str, Any]:
+    """A ValidationError's ``detail`` (DRF's tree of messages by field) as the API answers
+    it: ``{"detail", "code": "invalid", "errors": [{"field", "code", "detail"}, …]}``, the
+    first error in words as ``detail``."""
+    errors = list(field_errors(detail))
+    first = errors[0] if errors else {"field": None, "detail": str(BAD_REQUEST)}
+    words = f"{first['field']}: {first['detail']}" if first["field"] else first["detail"]
+    if len(errors) > 1:
+        words = MORE_ERRORS.format(first=words, count=len(errors) - 1)
+    return {**error_body(words, "invalid"), "errors": errors}
+
+
+def field_errors(detail: Any, field: str | None = None) -> Iterator[dict[str, Any]]:
+    """Each message of ``detail`` as ``{"field", "code", "detail"}``: ``field`` is the path
+    to it, dotted (``policy.trigger``, ``messages.1.role``), or null for the request as a
+    whole; ``code`` is the message's (DRF's ``ErrorDetail.code``), ``invalid`` without."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            inner = None if key == api_settings.NON_FIELD_ERRORS_KEY else str(key)
+            yield from field_errors(value, _joined(field, inner))
+    elif isinstance(detail, list):
+        # Messages about one field, or one entry per item of a list (a batch's messages,
+        # each an object of its own errors, empty when it is valid).
+        for index, item in enumerate(detail):
+            if isinstance(item, dict | list):
+                yield from field_errors(item, _joined(field, str(index)))
+            else:
+                yield from field_errors(item, field)
+    else:
+        code = getattr(detail, "code", None) or "invalid"
+        yield {"field": field, "code": str(code), "detail": str(detail)}
+
+
+def _joined(field: str | None, step: str | None) -> str | None:
+    if step is None:
+        return field
+    return step if field is None else f"{field}.{step}"
 
 
 def _under_api(request: HttpRequest) -> bool:

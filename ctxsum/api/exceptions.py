@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -122,7 +123,23 @@ def api_exception(exc: Exception) -> Exception:
         if (mapped := mapping(exc)) is not None:
             return mapped
     if isinstance(exc, DjangoValidationError):
-        return exceptions.ValidationError(
-            exc.message_dict if hasattr(exc, "error_dict") else exc.messages
-        )
+        return exceptions.ValidationError(coded_messages(exc))
     return exc
+
+
+def coded_messages(error: DjangoValidationError) -> Any:
+    """Django's ValidationError as DRF's detail: its messages by field (or a list), each
+    with its code (``invalid`` when it has none)."""
+
+    def coded(errors: list[DjangoValidationError]) -> list[exceptions.ErrorDetail]:
+        return [
+            exceptions.ErrorDetail(
+                message, code=each.code or getattr(each.message, "code", None) or "invalid"
+            )
+            for each in errors
+            for message in each.messages
+        ]
+
+    if hasattr(error, "error_dict"):
+        return {field: coded(errors) for field, errors in error.error_dict.items()}
+    return coded(error.error_list)

@@ -23,7 +23,7 @@ from rest_framework.fields import empty
 from ctxsum import message_schema
 from ctxsum.conf import ctxsum_settings
 from ctxsum.exceptions import FailureCause
-from ctxsum.message_schema import NULL, closed, nullable, string
+from ctxsum.message_schema import NULL, closed, nullable
 from ctxsum.policy import UNITS, Reason
 
 if TYPE_CHECKING:
@@ -282,27 +282,30 @@ class BadGateway(Error):
     )
 
 
-class FieldErrors(RawSchema):
-    """Messages per field: ``{"title": ["…"]}``; nested for ``policy``, and for a batch one
-    object per message (``{"messages": [{}, {"role": ["…"]}]}``)."""
+class FieldError(serializers.Serializer[Any]):
+    """One error of a 400: the field it is about, its code and its words."""
 
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        entry = {"anyOf": [string(), ref(FieldErrors)]}
-        value = {"anyOf": [{"type": "array", "items": entry}, ref(FieldErrors)]}
-        return {"type": "object", "additionalProperties": value}
-
-
-class BadRequest(RawSchema):
-    """A request the API refuses: field errors, or ``{"detail", "code"}`` for a body that is
-    not JSON."""
-
-    @classmethod
-    def build(cls, ref: Ref) -> Schema:
-        return {"anyOf": [ref(FieldErrors), ref(Error), {"type": "array", "items": string()}]}
+    field = serializers.CharField(
+        allow_null=True,
+        help_text="The path to the field, dotted (`title`, `policy.trigger`, "
+        "`messages.1.role`); null for the request as a whole.",
+    )
+    code = serializers.CharField(
+        help_text="For programs: required, invalid, invalid_choice, null, not_allowed, "
+        "unknown_field, max_length, unknown_tool_call, tool_call_answered, …"
+    )
+    detail = serializers.CharField(help_text="For people.")
 
 
-ERRORS = {
+class BadRequest(Error):
+    """A request the API refuses: ``invalid``, with each field error under ``errors`` (the
+    first one in words as ``detail``), or ``parse_error`` for a body that is not JSON."""
+
+    # Named as the body names it: the serializer's own ``errors`` is not used here.
+    errors = FieldError(many=True, required=False)  # type: ignore[assignment]
+
+
+ERRORS: dict[int, tuple[type[serializers.Serializer[Any]], str]] = {
     400: (BadRequest, "The request is invalid; nothing was stored."),
     401: (Error, "No valid credentials."),
     403: (Error, "Not allowed: a session that is not logged in, or without its CSRF token."),

@@ -54,7 +54,10 @@ class StrictSerializer(serializers.Serializer[Any]):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                errors = {field_name(name): [UNKNOWN_FIELD] for name in unknown}
+                errors = {
+                    field_name(name): [serializers.ErrorDetail(str(UNKNOWN_FIELD), "unknown_field")]
+                    for name in unknown
+                }
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
 

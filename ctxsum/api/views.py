@@ -22,6 +22,7 @@ from ctxsum.api.base import (
     seq_from_path,
     version_from_path,
 )
+from ctxsum.api.exceptions import coded_messages
 from ctxsum.api.idempotency import idempotent
 from ctxsum.api.pagination import SummaryPagination, TranscriptPagination
 from ctxsum.api.serializers import (
@@ -49,7 +50,7 @@ from ctxsum.models import Conversation, Message, Summary
 
 def _nest_policy_errors(error: DjangoValidationError) -> exceptions.ValidationError:
     """The service names ``trigger``/``keep``/…; over REST they live under ``policy``."""
-    errors: dict[str, Any] = dict(error.message_dict)
+    errors: dict[str, Any] = coded_messages(error)
     nested = {key: errors.pop(key) for key in POLICY_KEYS if key in errors}
     if nested:
         errors["policy"] = nested

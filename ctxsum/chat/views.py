@@ -26,7 +26,7 @@ from rest_framework.response import Response
 
 from ctxsum.api import schema
 from ctxsum.api.base import CtxsumView
-from ctxsum.api.errors import ServerError, error_body
+from ctxsum.api.errors import ServerError, error_body, invalid_body
 from ctxsum.api.exceptions import api_exception
 from ctxsum.api.idempotency import REFUSALS, IdempotencyConflict, answer_store, idempotent
 from ctxsum.chat import schema as chat_schema
@@ -261,7 +261,7 @@ def _stored_events(result: ChatResult, claim: Claim | None) -> Iterator[bytes]:
 def _stream_error(error: Exception) -> dict[str, str]:
     """The body of a mid-stream ``event: error``: what the JSON error would have said."""
     if isinstance(error, MessagesInvalid):
-        return error_body(error.per_message[0], "invalid")
+        return invalid_body({"message": error.per_message[0]})
     mapped = api_exception(error)
     if isinstance(mapped, exceptions.APIException):
         return error_body(mapped.detail, str(mapped.default_code))

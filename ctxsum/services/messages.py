@@ -19,7 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ctxsum import tokens
 from ctxsum.conf import ctxsum_settings
-from ctxsum.exceptions import MessagesInvalid, TooLarge
+from ctxsum.exceptions import MessagesInvalid, Problem, TooLarge
 from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.policy import LEADING_ROLES
 from ctxsum.services.append_claim import append_claim, append_claim_insert
@@ -96,7 +96,7 @@ def tool_results_check(conversation: Conversation, cleaned: Batch) -> None:
             if call_id not in answered:
                 wanted[index] = call_id
             elif answered[call_id]:
-                errors[index] = _refusal(TOOL_CALL_ID_ANSWERED, call_id)
+                errors[index] = _refusal(TOOL_CALL_ID_ANSWERED, call_id, "tool_call_answered")
             else:
                 answered[call_id] = True
         for call in message.get("tool_calls") or ():
@@ -106,18 +106,18 @@ def tool_results_check(conversation: Conversation, cleaned: Batch) -> None:
     for index, call_id in wanted.items():
         archived, has_result = stored.get(call_id, (None, None))
         if archived is None:
-            errors[index] = _refusal(TOOL_CALL_ID_UNKNOWN, call_id)
+            errors[index] = _refusal(TOOL_CALL_ID_UNKNOWN, call_id, "unknown_tool_call")
         elif archived:
-            errors[index] = _refusal(TOOL_CALL_ID_ARCHIVED, call_id)
+            errors[index] = _refusal(TOOL_CALL_ID_ARCHIVED, call_id, "tool_call_summarized")
         elif has_result or call_id in seen:
-            errors[index] = _refusal(TOOL_CALL_ID_ANSWERED, call_id)
+            errors[index] = _refusal(TOOL_CALL_ID_ANSWERED, call_id, "tool_call_answered")
         seen.add(call_id)
     if any(errors):
         raise MessagesInvalid(errors)
 
 
-def _refusal(message: Any, call_id: str) -> dict[str, list[str]]:
-    return {"tool_call_id": [message.format(id=call_id)]}
+def _refusal(message: Any, call_id: str, code: str) -> dict[str, list[str]]:
+    return {"tool_call_id": [Problem(message.format(id=call_id), code)]}
 
 
 def _stored_requests(
