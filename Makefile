@@ -3,7 +3,7 @@
 # `make mutants` the mutation run, `make lint` ruff and mypy, `make package-check` a real install of the package into a new
 # project.
 
-.PHONY: venv demo-venv run test mutants lint check bench replay-check package-check docs screenshots
+.PHONY: venv demo-venv run test mutants lint check bench replay-check package-check docs docs-site screenshots
 
 PYTHON ?= python3
 VENV := .venv
@@ -86,6 +86,12 @@ check: venv
 docs: venv
 	DATABASE_URL=sqlite://:memory: $(BIN)/python manage.py ctxsum_api_docs
 	$(BIN)/python manage.py ctxsum_rest_reference
+
+# The documentation site (mkdocs.yml) in site/, built strictly as CI builds it (.ci/docs):
+# a broken link or anchor, or a docstring the Python API reference cannot read, fails it.
+# `.venv/bin/mkdocs serve` serves it while you write.
+docs-site: venv
+	$(BIN)/mkdocs build --strict --site-dir site
 
 # The README's pictures of the admin and the chat page, taken by the headless-browser tests
 # (Debian's chromium and chromium-driver); the test suite itself writes them to a temporary
