@@ -1,6 +1,7 @@
 """The documentation site's reference pages say what the code does: docs/reference/settings.md
 documents every key of CTXSUM with its real default and type, and no key that does not
-exist; docs/reference/rest-api.md is what the OpenAPI document says today."""
+exist; docs/reference/rest-api.md is what the OpenAPI document says today; and
+docs/reference/python-api.md names every public name of the modules it covers."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.support.shared import REPO_ROOT
 
 SETTINGS_MD = REPO_ROOT / "docs" / "reference" / "settings.md"
 REST_API_MD = REPO_ROOT / PAGE
+PYTHON_API_MD = REPO_ROOT / "docs" / "reference" / "python-api.md"
 # A key of CTXSUM as the page names it: in code, as a heading or a table row's first cell.
 KEY_HEADING = re.compile(r"^#{2,6} `([A-Z][A-Z0-9_]*)`\s*$", re.MULTILINE)
 KEY_ROW = re.compile(r"^\| `([A-Z][A-Z0-9_]*)` \|", re.MULTILINE)
@@ -174,3 +176,61 @@ def test_the_rest_reference_renders_operations_parameters_bodies_and_schemas():
     assert "No other field is accepted." in page
     assert 'Type: one of `"a"`, `"b"`.' in page
     assert "* `a`" not in page
+
+
+# --------------------------------------------------------------------------- Python API
+
+# The modules whose ``__all__`` the page documents; of ctxsum.services, its first list (the
+# API for your code; the second is what the faces use besides).
+PUBLIC_MODULES = (
+    "ctxsum/services/__init__.py",
+    "ctxsum/selectors.py",
+    "ctxsum/summarizers/__init__.py",
+    "ctxsum/chat/services.py",
+    "ctxsum/integrations/openai_agents.py",
+    "ctxsum/integrations/langchain.py",
+)
+# The modules the page renders whole.
+WHOLE_MODULES = ("ctxsum.hooks", "ctxsum.signals", "ctxsum.exceptions")
+DIRECTIVE = re.compile(r"^::: (\S+)", re.MULTILINE)
+MEMBER = re.compile(r"^ {8}- (\w+)$", re.MULTILINE)
+
+
+def first_all(path: str) -> list[str]:
+    """The names of a module's first ``__all__ = [...]``, read without importing it."""
+    tree = ast.parse((REPO_ROOT / path).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "__all__" for target in node.targets
+        ):
+            names = ast.literal_eval(node.value)
+            assert isinstance(names, list)
+            return names
+    raise AssertionError(f"{path} has no __all__")
+
+
+def python_api_blocks(text: str) -> dict[str, list[str]]:
+    """Each ``::: object`` of the page and the members its options list."""
+    blocks = {}
+    starts = list(DIRECTIVE.finditer(text))
+    for match, following in zip(starts, [*starts[1:], None], strict=True):
+        end = following.start() if following else len(text)
+        blocks[match.group(1)] = MEMBER.findall(text[match.end() : end])
+    return blocks
+
+
+@pytest.mark.parametrize("path", PUBLIC_MODULES)
+def test_the_python_api_page_documents_every_public_name(path):
+    module = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    blocks = python_api_blocks(PYTHON_API_MD.read_text(encoding="utf-8"))
+    # a name is documented as a member a block lists, or as an object rendered by its path
+    documented = {member for members in blocks.values() for member in members}
+    documented |= {name.rsplit(".", 1)[-1] for name in blocks}
+    assert module in blocks
+    assert sorted(set(first_all(path)) - documented) == []
+
+
+def test_the_python_api_page_renders_the_whole_modules():
+    blocks = python_api_blocks(PYTHON_API_MD.read_text(encoding="utf-8"))
+    for module in WHOLE_MODULES:
+        assert blocks.get(module) == [], f"{module} is not rendered whole"
