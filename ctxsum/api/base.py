@@ -12,7 +12,7 @@ from django.db import connections, transaction
 from django.db.models import QuerySet
 from django.http import Http404
 from django.utils.translation import gettext_lazy as _
-from rest_framework import exceptions
+from rest_framework import exceptions, views
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
@@ -81,6 +81,11 @@ class CtxsumView(GenericAPIView[Any]):
         size = int(request.META.get("CONTENT_LENGTH") or 0)
         if size > limit:
             raise PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
+
+    def get_exception_handler(self) -> Callable[..., Response | None]:
+        # DRF's own, whatever the project's EXCEPTION_HANDLER: ctxsum's errors keep their
+        # shape (``handle_exception`` below) in any project.
+        return views.exception_handler
 
     def handle_exception(self, exc: Exception) -> Response:
         exc = api_exception(exc)

@@ -2,10 +2,12 @@
 went wrong, for people) and ``code`` (stable, for programs); a 400's field errors are listed
 under ``errors``, each with the field it is about, its own code and its words.
 
+A URL under ctxsum's own routes (``conversations/…``, ``subjects/…``) that none of them
+answers is a JSON 404 in any project (``unanswered``, the last of ``ctxsum.api.urls``).
 ``bad_request``, ``page_not_found`` and ``server_error`` are handlers a project can install
-(``handler400``/``handler404``/``handler500`` in its root URLconf): under the API's prefix,
-wherever it is mounted, they answer JSON for what no view answered (an unknown URL, a
-failure in middleware); elsewhere they answer Django's own pages.
+too (``handler400``/``handler404``/``handler500`` in its root URLconf): under the API's
+prefix, wherever it is mounted, they answer JSON for the rest (another URL under the prefix,
+a failure in middleware); elsewhere they answer Django's own pages.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.urls import NoReverseMatch, reverse
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.urls import NoReverseMatch, is_valid_path, re_path, reverse
+from django.urls.resolvers import URLPattern
 from django.utils.translation import gettext_lazy as _
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -23,6 +27,7 @@ from rest_framework.settings import api_settings
 SERVER_ERROR = _("A server error occurred; it has been logged.")
 NOT_FOUND = _("Not found.")
 BAD_REQUEST = _("Bad request.")
+SLASH_MISSING = _("Not found. Did you mean {path} (with the trailing slash)?")
 # The first field error, and how many more there are.
 MORE_ERRORS = _("{first} (and {count} more)")
 
@@ -101,3 +106,33 @@ def _handler(default: Callable[..., HttpResponse], detail: Any, code: str, statu
 bad_request = _handler(defaults.bad_request, BAD_REQUEST, "bad_request", 400)
 page_not_found = _handler(defaults.page_not_found, NOT_FOUND, "not_found", 404)
 server_error = _handler(defaults.server_error, SERVER_ERROR, "server_error", 500)
+
+
+def unanswered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    """A JSON 404 for a URL under ctxsum's routes that none of them answers. A URL that
+    lacks only its trailing slash (with ``APPEND_SLASH``) is redirected, as Django's
+    CommonMiddleware would, for GET and HEAD; any other method is a 404 that names the URL
+    to use (Django cannot redirect it without losing the body)."""
+    if _answered_with_slash(request):
+        if request.method in ("GET", "HEAD"):
+            return HttpResponsePermanentRedirect(request.get_full_path(force_append_slash=True))
+        detail = SLASH_MISSING.format(path=f"{request.path}/")
+        return JsonResponse(error_body(detail, "not_found"), status=404)
+    return JsonResponse(error_body(NOT_FOUND, "not_found"), status=404)
+
+
+def _answered_with_slash(request: HttpRequest) -> bool:
+    """Whether a route answers the URL with a trailing slash added, under APPEND_SLASH."""
+    if not settings.APPEND_SLASH or request.path_info.endswith("/"):
+        return False
+    match = is_valid_path(f"{request.path_info}/", getattr(request, "urlconf", None))
+    if not match or match.func is unanswered:
+        return False
+    return bool(getattr(match.func, "should_append_slash", True))
+
+
+def unanswered_route() -> URLPattern:
+    """The last of ctxsum's routes: ``unanswered`` for any other URL under its own
+    resources. It never takes a URL outside them, so it swallows no route of the project,
+    even with ctxsum mounted at the root or before other routes under the same prefix."""
+    return re_path(r"^(?:conversations|subjects)(?:/.*)?$", unanswered)

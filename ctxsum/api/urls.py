@@ -7,7 +7,7 @@ from importlib import import_module
 from django.apps import apps
 from django.urls import path, register_converter
 
-from ctxsum.api import paths, views
+from ctxsum.api import errors, paths, views
 
 app_name = "ctxsum"
 
@@ -40,3 +40,6 @@ urlpatterns = [
 for config in apps.get_app_configs():
     if module := getattr(config, "ctxsum_api_urls", None):
         urlpatterns += import_module(module).urlpatterns
+
+# Last: a JSON 404 for any other URL under the routes above (ctxsum.api.errors).
+urlpatterns.append(errors.unanswered_route())
