@@ -5,8 +5,8 @@ and the sample conversation), then makes every request the page documents, in th
 order, through Django's test client: the project's URLconf, middleware, token
 authentication and parsers, as a request from curl meets them, with the bytes of the body
 the page shows. Not a live server: no port and no server thread, and the test suite can run
-it on its own test database; the README's curl examples are the ones run against a live
-server (tests/test_api_docs.py).
+it on its own test database; the quickstart's curl walkthrough (docs/quickstart.md) is the
+one run against a live server (tests/test_api_docs.py).
 
 The page shows each request as the curl command that sends the same method, path, headers
 and body, and what the server answered, shortened and with ids and times replaced (see
@@ -107,8 +107,8 @@ def _introduction(document: Document) -> None:
         new database and records what they answer; the test suite fails when the page and
         the answers differ. Answers are shortened where marked `…`; ids show as the
         variable that holds them (`$CONV`) and times as `<time>`. Requests whose body is too
-        long to show are described instead. The [README](../README.md) describes every
-        field.
+        long to show are described instead. [The REST API guide](guide/rest-api.md)
+        describes every field.
 
         ```sh
         export TOKEN=…                       # printed by make run
