@@ -2,8 +2,9 @@
 OpenAI-compatible server appears piece by piece and is stored; the active context beside it
 shows the system prompt, the summary (marked) and the recent messages, and follows a
 compaction that the task worker lands after a turn, with no reload; the log holds the whole
-transcript, its latest page first and older ones as it is scrolled up; nothing is loaded
-from outside 127.0.0.1. It saves docs/images/chat.png with SCREENSHOTS_DIR=docs/images."""
+transcript, its latest page first and older ones as it is scrolled up; the conversation
+list counts a turn's messages with no reload; nothing is loaded from outside 127.0.0.1. It
+saves docs/images/chat.png with SCREENSHOTS_DIR=docs/images."""
 
 from __future__ import annotations
 
@@ -165,6 +166,49 @@ def test_the_context_panel_shows_a_compaction_the_worker_lands_after_the_reply(
     context = browser.find_elements(By.CSS_SELECTOR, "#context li")
     assert REPLY in context[-1].text and "25 minutes" not in context[-1].text
     assert browser.execute_script("return window.sameDocument === true;")
+
+
+@needs_chromium
+def test_the_conversation_list_counts_a_turn_without_a_reload(
+    browser, live_server, django_user_model, chat_model
+):
+    from selenium.webdriver.common.by import By
+
+    chat_model.reply = REPLY
+    user = django_user_model.objects.create_user("ana", password="pw-ana", is_staff=True)
+    other = services.conversation_create(owner=user, title="Older trip", messages=HISTORY)
+    conversation = services.conversation_create(
+        owner=user, title="Lisbon trip", system="You are a travel assistant."
+    )
+    base = local_url(live_server)
+    log_in(browser, base, "ana", "pw-ana")
+    browser.get(base + reverse("chat") + f"?c={conversation.pk}")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#context li"), "context")
+    lisbon, older = str(conversation.pk), str(other.pk)
+    assert _entries(browser) == {
+        lisbon: "Lisbon trip (1 message)",
+        older: "Older trip (6 messages)",
+    }
+    browser.execute_script("window.sameDocument = true;")
+
+    browser.find_element(By.ID, "text").send_keys("What should I pack?")
+    browser.find_element(By.ID, "go").click()
+    _wait(browser, lambda d: "Stored." in d.find_element(By.ID, "status").text, "stored")
+
+    # The system prompt, the question and the reply: counted from the turn's stats.
+    counted = "Lisbon trip (3 messages)"
+    _wait(browser, lambda d: _entries(d)[lisbon] == counted, "the list counting the turn")
+    assert selectors.transcript_list(conversation=conversation).count() == 3
+    assert _entries(browser)[older] == "Older trip (6 messages)"
+    assert browser.execute_script("return window.sameDocument === true;")
+
+
+def _entries(driver) -> dict[str, str]:
+    """The conversation list's entries: each one's text by conversation id."""
+    return driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#conversation option')]"
+        ".map((o) => [o.value, o.textContent]));"
+    )
 
 
 def _log_bodies(driver) -> list[str]:
