@@ -47,7 +47,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--pieces", type=int, default=10, help="pieces of the model's reply")
     parser.add_argument("--chunk-delay", type=float, default=0.5, help="seconds between two chunks")
     parser.add_argument(
-        "--wsgi-workers", type=int, default=4, help="gunicorn sync workers (the README's 4)"
+        "--wsgi-workers",
+        type=int,
+        default=4,
+        help="gunicorn sync workers (the 4 of docs/how-to/deploy.md)",
     )
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
     parser.add_argument("--database-url", default=DEFAULT_DATABASE)

@@ -15,7 +15,7 @@ from ctxsum.models import Conversation, Message, Summary, SummaryQuerySet, singl
 from ctxsum.policy import Policy, default_ceiling, parse_policy
 from ctxsum.threads import database_sync_to_async
 
-# The reads the README documents ("The Python API"), the context's type, and the reads the
+# The reads docs/guide/python-api.md documents, the context's type, and the reads the
 # REST layer and the admin also use.
 __all__ = [
     "ActiveContext",

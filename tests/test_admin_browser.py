@@ -4,7 +4,7 @@ compacted twice, its newest summary, and the stale-summary filter after a prompt
 and takes a screenshot of each at 1,280 px wide.
 
 The screenshots go to a temporary folder, or, with ``SCREENSHOTS_DIR`` set (``make
-screenshots`` sets it to docs/images), where the README shows them."""
+screenshots`` sets it to docs/images), where the README and the docs show them."""
 
 from __future__ import annotations
 

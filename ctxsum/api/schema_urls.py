@@ -6,8 +6,8 @@ it mounts ctxsum's routes::
 
 Named ``schema`` and ``api-docs`` (no namespace). The document covers every route of the
 project that drf-spectacular can describe, ctxsum's with their own descriptions
-(``ctxsum/api/schema.py``); its settings are drf-spectacular's (README, "API schema and
-docs page").
+(``ctxsum/api/schema.py``); its settings are drf-spectacular's (docs/how-to/install.md, "The
+API schema and its docs page").
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from ctxsum.services.row_lease import LeaseLost
 from ctxsum.services.transactions import write_db
 from ctxsum.threads import database_sync_to_async
 
-# The Python API of the chat turn (README, "The Python API").
+# The Python API of the chat turn (docs/guide/python-api.md).
 __all__ = ["ChatResult", "ChatStream", "achat_turn", "chat_turn"]
 
 CONTEXT_REDACTED = (

@@ -99,7 +99,7 @@ class ConversationChat(CtxsumView):
 
 
 # The chat turns' database work under ASGI, every turn's of the process: one thread, so one
-# connection however many turns stream (README, "Running it in production").
+# connection however many turns stream (docs/how-to/deploy.md).
 DATABASE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxsum-chat-db")
 
 

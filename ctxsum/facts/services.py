@@ -28,7 +28,7 @@ from ctxsum.services.transactions import write_db
 from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS, normalize_key
 from ctxsum.validation import NOT_A_STRING, UNSET, Unset, unstorable
 
-# The Python API of key facts (README, "The Python API").
+# The Python API of key facts (docs/guide/python-api.md).
 __all__ = ["fact_add", "fact_change", "fact_delete"]
 
 logger = logging.getLogger("ctxsum.facts")

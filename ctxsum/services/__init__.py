@@ -1,7 +1,7 @@
 """Every write and every transaction of ctxsum: the Python API. Views, the admin and
 commands call these, importing from this package, never from its modules; so can your code.
 
-The first group is the API the README documents for your code; the second is what the
+The first group is the API docs/guide/python-api.md documents for your code; the second is what the
 REST layer, the admin and the commands also need (requests' Idempotency-Keys, the checks
 behind the edit form, imports with progress, the background compaction's entry point).
 The chat turn's writes are the ``ctxsum.chat`` app's own (``ctxsum.chat.services``).

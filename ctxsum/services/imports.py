@@ -1,6 +1,7 @@
-"""Importing conversations from JSON Lines records, one per line (the format: README,
-``ctxsum_import``). Each is stored all or nothing by ``conversation_create``; a rejected one
-is counted with its reason, one whose ``id`` the owner already imported is skipped.
+"""Importing conversations from JSON Lines records, one per line (the format:
+docs/guide/management-commands.md, ``ctxsum_import``). Each is stored all or nothing by
+``conversation_create``; a rejected one is counted with its reason, one whose ``id`` the
+owner already imported is skipped.
 """
 
 from __future__ import annotations
