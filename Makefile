@@ -93,7 +93,7 @@ docs: venv
 docs-site: venv
 	$(BIN)/mkdocs build --strict --site-dir site
 
-# The pictures of the admin and the chat page in the README and docs/, taken by the headless-browser tests
+# The pictures of the admin and the chat page (README, docs/), taken by the headless-browser tests
 # (Debian's chromium and chromium-driver); the test suite itself writes them to a temporary
 # folder.
 screenshots: venv
