@@ -6,6 +6,7 @@ from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
 
 from ctxsum import policy
 from ctxsum.conf import APP_PREFIXES, DEFAULTS, ctxsum_settings
@@ -297,6 +298,38 @@ def _summarizer_errors(*, build: bool) -> list[CheckMessage]:
         return [Error(f"The summarizer cannot be created: {error}", id="ctxsum.E008")]
 
 
+def _api_access_errors() -> list[CheckMessage]:
+    """E015: API_PERMISSION_CLASSES names permission classes, API_CONVERSATIONS a callable."""
+    errors: list[CheckMessage] = []
+    classes: object = ctxsum_settings.API_PERMISSION_CLASSES
+    if not isinstance(classes, list | tuple) or not all(isinstance(p, str) for p in classes):
+        message = "CTXSUM['API_PERMISSION_CLASSES'] must be a list of dotted paths."
+        errors.append(Error(message, id="ctxsum.E015"))
+        classes = []
+    for path in classes:
+        try:
+            found: object = import_string(path)
+        except ImportError as error:
+            message = f"CTXSUM['API_PERMISSION_CLASSES']: {path!r} cannot be imported: {error}"
+            errors.append(Error(message, id="ctxsum.E015"))
+            continue
+        if not (isinstance(found, type) and hasattr(found, "has_permission")):
+            message = f"CTXSUM['API_PERMISSION_CLASSES']: {path!r} is not a permission class."
+            hint = "Name subclasses of rest_framework.permissions.BasePermission."
+            errors.append(Error(message, hint=hint, id="ctxsum.E015"))
+    try:
+        reachable: object = ctxsum_settings.API_CONVERSATIONS
+    except ImportError as error:
+        message = f"CTXSUM['API_CONVERSATIONS'] cannot be imported: {error}"
+        errors.append(Error(message, id="ctxsum.E015"))
+    else:
+        if not callable(reachable):
+            message = f"CTXSUM['API_CONVERSATIONS'] ({reachable!r}) is not callable."
+            hint = "Give the dotted path of a callable(request) -> QuerySet of Conversation."
+            errors.append(Error(message, hint=hint, id="ctxsum.E015"))
+    return errors
+
+
 def _encoding_warnings() -> list[CheckMessage]:
     from ctxsum.tokens import encoding_for
 
@@ -358,7 +391,7 @@ def ctxsum_settings_check(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     errors += _body_limit_errors() if valid("body_limit") else []
     errors += _timeout_warnings() if valid("timeouts") else []
     errors += _runner_errors() + _summarizer_errors(build=valid("summarizer"))
-    return errors + _encoding_warnings()
+    return errors + _api_access_errors() + _encoding_warnings()
 
 
 def _unknown_key_errors() -> list[CheckMessage]:

@@ -13,6 +13,12 @@ from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from django.db.models import QuerySet
+    from rest_framework.request import Request
+
+    from ctxsum.models import Conversation
     from ctxsum.summarizers.base import Summarizer
 
 DEFAULT_PROMPT = """\
@@ -117,11 +123,22 @@ class Defaults:
     # is given up: a retry may then run it again, unless its write was applied. Longer than
     # any request takes, a compaction's summarizer calls included.
     IDEMPOTENCY_CLAIM_SECONDS: float = 10 * 60
+    # Who may use the REST API: the DRF permission classes (dotted paths) every endpoint
+    # checks, for the request and, on an endpoint about one conversation, for that
+    # conversation (has_object_permission). The project's DRF defaults do not apply.
+    API_PERMISSION_CLASSES: list[str] = ["rest_framework.permissions.IsAuthenticated"]
+    # Which conversations a request can reach over REST: the dotted path of a
+    # callable(request) returning a QuerySet of Conversation, read by the list and by every
+    # endpoint about one conversation (any other id answers 404). The default: the
+    # conversations the request's user owns (docs/how-to/permissions.md).
+    API_CONVERSATIONS: Callable[[Request], QuerySet[Conversation]] = (
+        "ctxsum.api.access.owned_conversations"  # type: ignore[assignment]
+    )
 
 
 DEFAULTS: dict[str, Any] = {name: getattr(Defaults, name) for name in Defaults.__annotations__}
 
-IMPORT_STRINGS = ("SUMMARIZER",)
+IMPORT_STRINGS = ("SUMMARIZER", "API_CONVERSATIONS")
 # The keys of an optional app, by their prefix: without the app installed such a key is
 # ignored, with a warning (ctxsum.W007) rather than the unknown key's error.
 APP_PREFIXES = {"CHAT_": "ctxsum.chat"}

@@ -15,13 +15,12 @@ from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions, views
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import JSONParser
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 
-from ctxsum import selectors
-from ctxsum.api import paths
+from ctxsum.api import access, paths
 from ctxsum.api.errors import ServerError, error_body, invalid_body
 from ctxsum.api.exceptions import (
     CONVERSATION_NOT_FOUND,
@@ -51,8 +50,6 @@ class CtxsumView(GenericAPIView[Any]):
     """Shared behaviour: owner-scoped lookups, body limits, domain errors as HTTP errors."""
 
     pagination_class = Pagination
-    # Every endpoint needs a user, whatever the project's DRF defaults say.
-    permission_classes = [IsAuthenticated]
     # Bodies are JSON, whatever the project's defaults say: a form or multipart body is a 415
     # (its uploaded files were values no message or field can hold).
     parser_classes = [JSONParser]
@@ -81,6 +78,11 @@ class CtxsumView(GenericAPIView[Any]):
         size = int(request.META.get("CONTENT_LENGTH") or 0)
         if size > limit:
             raise PayloadTooLarge(BODY_TOO_LARGE.format(size=size, limit=limit))
+
+    def get_permissions(self) -> list[BasePermission]:
+        # API_PERMISSION_CLASSES (by default, a logged-in user), whatever the project's DRF
+        # defaults say.
+        return access.permissions()
 
     def get_exception_handler(self) -> Callable[..., Response | None]:
         # DRF's own, whatever the project's EXCEPTION_HANDLER: ctxsum's errors keep their
@@ -122,8 +124,9 @@ class CtxsumView(GenericAPIView[Any]):
         return self.get_paginated_response(output(self.paginate_queryset(rows), many=True).data)
 
     def get_queryset(self) -> QuerySet[Conversation]:
-        """The conversations the request's user owns: all an endpoint can reach."""
-        return selectors.conversation_list(owner=self.request.user)
+        """The conversations the request can reach (API_CONVERSATIONS; by default, those
+        its user owns): all an endpoint can reach."""
+        return access.conversations(self.request)
 
     def get_conversation(self) -> Conversation:
         """The conversation the path names, looked up once per request."""
@@ -137,6 +140,8 @@ class CtxsumView(GenericAPIView[Any]):
                 self._conversation = self.get_queryset().get(pk=pk)
             except Conversation.DoesNotExist as error:
                 raise exceptions.NotFound(CONVERSATION_NOT_FOUND) from error
+            # API_PERMISSION_CLASSES' word on this conversation: a 403 when it refuses.
+            self.check_object_permissions(self.request, self._conversation)
         return self._conversation
 
 

@@ -100,8 +100,7 @@ class ConversationList(CtxsumView):
         ConversationOutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        conversations = selectors.conversation_list(owner=request.user)
-        return self.page_response(conversations, ConversationOutputSerializer)
+        return self.page_response(self.get_queryset(), ConversationOutputSerializer)
 
     @schema.operation(
         "conversations_create",
