@@ -9,6 +9,7 @@ the project's ``SPECTACULAR_SETTINGS["OAS_VERSION"]`` (3.0 or 3.1, which spell n
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -400,6 +401,15 @@ class OperationSchema:
 
     path_regex: str
     idempotent = False
+    view: Any
+
+    def get_description(self) -> str:
+        # The operation's own words (its description, or its handler's or view's own
+        # docstring), never a docstring the view inherits, which says nothing of it.
+        described: str = super().get_description()  # type: ignore[misc]
+        inherited = {inspect.getdoc(base) for base in type(self.view).__mro__[1:]}
+        own = vars(type(self.view)).get("__doc__")
+        return "" if not own and described in inherited else described
 
     def get_override_parameters(self) -> list[Any]:
         converters: dict[str, Any] = get_converters()
