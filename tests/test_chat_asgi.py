@@ -16,6 +16,7 @@ from ctxsum.chat.models import ChatState, ChatTurn
 from ctxsum.models import Conversation, Message
 from ctxsum.services import conversation_create
 from tests.factories import long_user_message, user_message
+from tests.support.errors import field_codes, field_errors
 from tests.support.urls import api_url
 
 # The endpoint runs a turn's database work in its own thread (ctxsum.chat.views.DATABASE):
@@ -164,5 +165,8 @@ def test_a_bad_body_is_a_400_naming_the_field(client, conversation, chat_model):
     response = async_to_sync(post)(client, conversation, message={"role": "user"})
 
     assert response.status_code == 400
-    assert "message" in json.loads(response.content)
+    body = json.loads(response.content)
+    errors = field_errors(body)
+    assert any(key == "message" or key.startswith("message.") for key in errors), errors
+    assert field_codes(body) == {"message.content": ["required"]}
     assert chat_model.requests == []

@@ -20,6 +20,7 @@ from tests.factories import (
     user_message,
     weather_history,
 )
+from tests.support.errors import field_codes, field_errors
 from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
@@ -225,7 +226,8 @@ def test_second_compaction_extends_the_first(api, conversation, openai_summarize
 
 def test_compact_rejects_unknown_fields(api, conversation, openai_summarizer):
     response = api.post(api_url("compact", conversation), {"forse": True}, format="json")
-    assert response.status_code == 400 and "forse" in response.json()
+    assert response.status_code == 400 and "forse" in field_errors(response)
+    assert field_codes(response)["forse"] == ["unknown_field"]
     assert openai_summarizer.requests == []
 
 

@@ -21,6 +21,7 @@ from ctxsum.services import conversation_create
 from ctxsum.summarizers.facts import MAX_KEY_CHARS, MAX_VALUE_CHARS
 from tests import query_budgets as budget
 from tests.factories import compacted_conversation, turns
+from tests.support.errors import field_codes, field_errors
 from tests.support.urls import api_url
 from tests.test_schema import answer_schema, assert_valid
 
@@ -383,6 +384,13 @@ BAD_BODIES = [
     ({"key": "k", "value": "x", "summary_version": 1}, "summary_version", "Unknown field."),
 ]
 
+# The code a program reads for the errors that have one of their own.
+CODES = {
+    "This field is required.": "required",
+    "This field may not be null.": "null",
+    "Unknown field.": "unknown_field",
+}
+
 
 @pytest.mark.parametrize(("body", "field", "error"), BAD_BODIES)
 @pytest.mark.parametrize("where", ["conversation", "subject"])
@@ -395,7 +403,9 @@ def test_a_bad_body_is_a_400_naming_the_field_and_stores_nothing(
     response = post(api, url, body)
 
     assert response.status_code == 400, response.json()
-    assert response.json()[field] == [error]
+    assert field_errors(response)[field] == [error]
+    if error in CODES:
+        assert field_codes(response)[field] == [CODES[error]]
     assert stored(chats) == before
 
 
@@ -409,7 +419,9 @@ def test_a_bad_patch_is_a_400_naming_the_field_and_changes_nothing(api, chats, b
     response = patch(api, facts_url(chats[0], fact["id"]), body)
 
     assert response.status_code == 400, response.json()
-    assert response.json()[field] == [error]
+    assert field_errors(response)[field] == [error]
+    if error in CODES:
+        assert field_codes(response)[field] == [CODES[error]]
     assert stored(chats) == before
 
 
@@ -426,7 +438,7 @@ def test_a_raw_body_the_database_cannot_hold_is_a_400(api, chats, body, field):
     for url in (facts_url(chats[0]), subject_url()):
         response = api.generic("POST", url, body, content_type="application/json")
         assert response.status_code == 400, response.content
-        assert list(response.json()) == [field]
+        assert list(field_errors(response)) == [field]
     assert stored(chats) == before
 
 
@@ -441,11 +453,13 @@ def test_a_key_taken_already_is_a_400_naming_key(api, chats):
     meal = Fact.objects.get(key="meal")
     renamed = patch(api, facts_url(chats[0], meal.pk), {"key": "seat", "value": "aisle"})
 
-    assert again.json() == {"key": ["This conversation already has a fact with the key 'seat'."]}
-    assert shared.json() == {
+    assert field_errors(again) == {
+        "key": ["This conversation already has a fact with the key 'seat'."]
+    }
+    assert field_errors(shared) == {
         "key": [f"The subject '{SUBJECT}' already has a fact with the key 'name'."]
     }
-    assert renamed.status_code == 400 and list(renamed.json()) == ["key"]
+    assert renamed.status_code == 400 and list(field_errors(renamed)) == ["key"]
     assert stored(chats) == before
     # The same key in another conversation, or for the conversation beside its subject's: fine.
     assert post(api, facts_url(chats[1]), {"key": "seat", "value": "2B"}).status_code == 201
@@ -471,7 +485,7 @@ def test_a_conversation_subject_no_subject_can_have_is_a_400(api, chats, subject
 
     for response in (created, changed):
         assert response.status_code == 400, response.json()
-        assert response.json() == {"subject": [problem]}
+        assert field_errors(response) == {"subject": [problem]}
     assert Conversation.objects.count() == len(chats)
     assert counters(chats[0]) == before
 

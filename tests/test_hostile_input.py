@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from ctxsum.models import Conversation, Message
 from ctxsum.services import conversation_create
+from tests.support.errors import field_codes, field_errors
 
 pytestmark = pytest.mark.django_db
 
@@ -110,7 +111,18 @@ def post_raw(api, url: str, body: str):
 def assert_refused(response, field: str, status: int = 400) -> None:
     assert response.status_code == status, response.content
     assert response["Content-Type"] == "application/json"
-    assert field in json.dumps(response.json()), response.json()
+    assert any(field in key.split(".") for key in field_errors(response)), response.json()
+
+
+def message_errors(answer: Any, index: int) -> dict[str, list[str]]:
+    """The field errors of message ``index`` of a batch, by its own field ("" for the
+    message as a whole)."""
+    prefix = f"messages.{index}"
+    return {
+        key[len(prefix) + 1 :]: words
+        for key, words in field_errors(answer).items()
+        if key == prefix or key.startswith(f"{prefix}.")
+    }
 
 
 def messages_url(conversation: Conversation) -> str:
@@ -129,8 +141,8 @@ def test_bad_characters_in_a_message_are_refused(api, conversation, kind, case, 
     )
     response = post_raw(api, messages_url(conversation), batch)
     assert_refused(response, field)
-    assert response.json()["messages"][0] == {}
-    assert field in response.json()["messages"][1]
+    assert message_errors(response, 0) == {}
+    assert field in message_errors(response, 1)
     assert snapshot(conversation) == before
 
 
@@ -197,7 +209,9 @@ def test_a_second_result_for_one_call_is_refused(api, conversation):
     result = {"role": "tool", "tool_call_id": "call_1", "content": "found"}
     assert api.post(url, result, format="json").status_code == 201
     before = snapshot(conversation)
-    assert_refused(api.post(url, result, format="json"), "tool_call_id")
+    response = api.post(url, result, format="json")
+    assert_refused(response, "tool_call_id")
+    assert field_codes(response) == {"tool_call_id": ["tool_call_answered"]}
     assert snapshot(conversation) == before
 
 
@@ -206,7 +220,8 @@ def test_two_results_for_one_call_in_one_batch_are_refused(api, conversation):
     result = {"role": "tool", "tool_call_id": "call_1", "content": "found"}
     response = api.post(messages_url(conversation), {"messages": [result, result]}, format="json")
     assert_refused(response, "tool_call_id")
-    assert response.json()["messages"][0] == {}
+    assert message_errors(response, 0) == {}
+    assert field_codes(response) == {"messages.1.tool_call_id": ["tool_call_answered"]}
     assert snapshot(conversation) == before
 
 
@@ -238,8 +253,9 @@ def test_errors_of_a_create_name_the_index_the_client_sent(api):
     body = {"system": "Sys.", "messages": [{"role": "user", "content": "hi"}, orphan]}
     response = api.post(reverse("ctxsum:conversation-list"), body, format="json")
     assert response.status_code == 400
-    assert response.json()["messages"][0] == {}
-    assert "tool_call_id" in response.json()["messages"][1]
+    assert message_errors(response, 0) == {}
+    assert "tool_call_id" in message_errors(response, 1)
+    assert field_codes(response)["messages.1.tool_call_id"] == ["unknown_tool_call"]
     assert not Conversation.objects.exists()
 
 

@@ -35,6 +35,7 @@ from ctxsum.services.idempotency import (
     keys_expired_delete,
 )
 from tests.factories import user_message, weather_history
+from tests.support.errors import field_codes, field_errors
 from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
@@ -158,7 +159,8 @@ def test_a_refused_append_keeps_no_answer_and_the_key_stays_free(api, conversati
 
     refused = append(api, conversation, orphan)
 
-    assert refused.status_code == 400 and "tool_call_id" in refused.json()
+    assert refused.status_code == 400 and "tool_call_id" in field_errors(refused)
+    assert field_codes(refused)["tool_call_id"] == ["unknown_tool_call"]
     assert keys() == [] and count(conversation) == before
     # The key was not spent: the client may send a corrected body with it.
     assert append(api, conversation).status_code == 201

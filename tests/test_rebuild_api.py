@@ -11,6 +11,7 @@ from ctxsum.services.redaction import REDACTED, WITHHELD
 from tests.factories import CARD as SECRET
 from tests.factories import booked_conversation, booking_history
 from tests.invariants import assert_context_invariants
+from tests.support.errors import field_codes
 from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
@@ -130,7 +131,8 @@ def test_a_body_with_any_field_is_refused_and_nothing_changes(api, compacted, na
     path = {"seq": 1} if name == "message-redact" else {}
     response = api.post(api_url(name, compacted, **path), body, format="json")
     assert response.status_code == 400, response.content
-    assert list(response.json()) == list(body)
+    assert [error["field"] for error in response.json()["errors"]] == list(body)
+    assert field_codes(response) == {name: ["unknown_field"] for name in body}
     assert state(compacted) == before
 
 

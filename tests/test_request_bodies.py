@@ -16,6 +16,7 @@ from ctxsum.models import Conversation, Message
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT as MAX_COLUMN_INTEGER
 from ctxsum.policy import TOO_LARGE
 from ctxsum.services import conversation_create
+from tests.support.errors import field_errors
 
 pytestmark = pytest.mark.django_db
 
@@ -29,7 +30,7 @@ def test_a_ceiling_past_the_column_is_refused_on_create(api, value):
     )
     assert response.status_code == 400, response.content
     expected = TOO_LARGE.format(field="max_context_tokens", limit=MAX_COLUMN_INTEGER, value=value)
-    assert response.json() == {"policy": {"max_context_tokens": [expected]}}
+    assert field_errors(response) == {"policy.max_context_tokens": [expected]}
     assert not Conversation.objects.exists()
 
 
@@ -38,7 +39,7 @@ def test_a_ceiling_past_the_column_is_refused_on_patch(api):
     url = reverse("ctxsum:conversation-detail", kwargs={"pk": pk})
     response = api.patch(url, {"policy": {"max_context_tokens": 2**40}}, format="json")
     assert response.status_code == 400, response.content
-    assert list(response.json()["policy"]) == ["max_context_tokens"]
+    assert list(field_errors(response)) == ["policy.max_context_tokens"]
     assert Conversation.objects.get(pk=pk).max_context_tokens is None
 
 

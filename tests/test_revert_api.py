@@ -12,6 +12,7 @@ from ctxsum import services
 from ctxsum.models import CompactionAttempt, Conversation, Message, Summary
 from tests.factories import booking_history, long_user_message
 from tests.invariants import assert_context_invariants
+from tests.support.errors import field_codes, field_errors
 from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
@@ -114,7 +115,7 @@ def test_only_the_active_version_can_be_reverted(api, booking):
     response = revert(api, conversation, 1)
 
     assert response.status_code == 400, response.content
-    assert response.json() == {
+    assert field_errors(response) == {
         "version": [
             "Version 1 is not the active summary (the active one is v2); only the active "
             "summary can be reverted."
@@ -134,7 +135,8 @@ def test_a_conversation_without_a_summary_is_404_then_400_once_all_are_reverted(
     assert revert(api, conversation, 1).status_code == 200
     again = revert(api, conversation, 1)
     assert again.status_code == 400
-    assert list(again.json()) == ["version"] and "none to revert" in again.json()["version"][0]
+    errors = field_errors(again)
+    assert list(errors) == ["version"] and "none to revert" in errors["version"][0]
 
 
 @pytest.mark.parametrize(
@@ -162,7 +164,8 @@ def test_a_body_with_any_field_is_refused_and_nothing_changes(api, booking, body
     before = state(conversation)
     response = revert(api, conversation, 1, data=body, format="json")
     assert response.status_code == 400, response.content
-    assert list(response.json()) == list(body)
+    assert [error["field"] for error in response.json()["errors"]] == list(body)
+    assert field_codes(response) == {name: ["unknown_field"] for name in body}
     assert state(conversation) == before
 
 
