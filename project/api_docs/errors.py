@@ -135,7 +135,7 @@ def refused(document: Document) -> None:
         ## What input is refused
 
         A message is checked against what OpenAI's chat completions API takes, and against
-        what a database can store. Each rule answers 400 naming the field (`messages[i]` in a
+        what a database can store. Each rule answers 400 naming the field (`messages.i.field` in a
         batch), and nothing of the request is stored:
         """
     )
