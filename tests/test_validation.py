@@ -18,6 +18,7 @@ from ctxsum.models import Conversation, Message, ToolCall
 from ctxsum.services import conversation_create
 from ctxsum.validation import MAX_ID_LENGTH, MAX_NAME_LENGTH, TOOL_CALL_ID_TYPE
 from tests.factories import assistant_calls, tool_call, tool_result, user_message
+from tests.support.errors import field_codes, field_errors
 from tests.support.urls import api_url
 
 pytestmark = pytest.mark.django_db
@@ -64,13 +65,26 @@ def snapshot(conversation: Conversation) -> dict[str, Any]:
     }
 
 
-def assert_400_naming(response, field: str) -> dict:
+def assert_400_naming(response, field: str) -> dict[str, list[str]]:
+    """The field errors of a 400 that names ``field`` or a field within it (``policy`` for
+    ``policy.trigger``, ``messages`` for ``messages.1.role``), by their dotted field."""
     assert response.status_code == 400, response.content
     assert response["Content-Type"].startswith("application/json")
-    body = response.json()
-    assert field in body, body
-    assert body[field], body
-    return body
+    errors = field_errors(response)
+    named = [key for key in errors if key == field or key.startswith(f"{field}.")]
+    assert named and all(all(errors[key]) for key in named), errors
+    return errors
+
+
+def message_errors(errors: dict[str, list[str]], index: int) -> dict[str, list[str]]:
+    """The field errors of message ``index`` of a batch, by its own field ("" for the
+    message as a whole)."""
+    prefix = f"messages.{index}"
+    return {
+        key[len(prefix) + 1 :]: words
+        for key, words in errors.items()
+        if key == prefix or key.startswith(f"{prefix}.")
+    }
 
 
 # Each bad message and the field its error must name.
@@ -286,6 +300,28 @@ BAD_MESSAGES: list[tuple[str, dict, str]] = [
 ]
 BAD_IDS = [case[0] for case in BAD_MESSAGES]
 
+# The code of the error of each bad message that has one of its own.
+CODES = {
+    "role missing": "required",
+    "role unknown": "invalid_choice",
+    "role not a string": "invalid_choice",
+    "content missing on user": "required",
+    "content null on user": "null",
+    "content null on assistant without tool_calls": "null",
+    "content missing on assistant without tool_calls": "required",
+    "tool_calls on a user message": "not_allowed",
+    "tool_calls on a tool message": "not_allowed",
+    "tool message without tool_call_id": "required",
+    "tool_call_id on a user message": "not_allowed",
+    "tool_call_id on an assistant message": "not_allowed",
+    "tool_call_id nobody requested": "unknown_tool_call",
+    "unknown top-level field": "unknown_field",
+    "deprecated function_call field": "unknown_field",
+    "name null": "null",
+    "refusal on a user message": "not_allowed",
+    "reasoning_content on a tool message": "not_allowed",
+}
+
 
 # What only the service can tell: an id repeated within a message (no keyword states it),
 # and a result that answers no call of the conversation.
@@ -317,6 +353,8 @@ def test_single_append_rejected(api, conversation, case, message, field) -> None
     before = snapshot(conversation)
     response = api.post(api_url("message-list", conversation), message, format="json")
     assert_400_naming(response, field)
+    if case in CODES:
+        assert field_codes(response)[field] == [CODES[case]]
     assert snapshot(conversation) == before
 
 
@@ -331,11 +369,12 @@ def test_batch_with_message_3_bad_stores_none(api, conversation, case, message, 
         user_message("five"),
     ]
     response = api.post(api_url("message-list", conversation), {"messages": batch}, format="json")
-    body = assert_400_naming(response, "messages")
-    errors = body["messages"]
-    assert isinstance(errors, list) and len(errors) == 5, errors
-    assert errors[3] and field in errors[3], errors
-    assert errors[:3] == [{}, {}, {}] and errors[4] == {}
+    errors = assert_400_naming(response, "messages")
+    assert field in message_errors(errors, 3), errors
+    # Only message 3 has errors: none for the others, none for the batch as a whole.
+    assert all(key.startswith("messages.3.") for key in errors), errors
+    if case in CODES:
+        assert field_codes(response)[f"messages.3.{field}"] == [CODES[case]]
     assert snapshot(conversation) == before
 
 
@@ -346,9 +385,9 @@ def test_create_with_a_bad_message_creates_nothing(api, user, case, message, fie
         {"title": "t", "messages": [user_message("first"), message]},
         format="json",
     )
-    body = assert_400_naming(response, "messages")
-    errors = body["messages"]
-    assert len(errors) == 2 and errors[0] == {} and field in errors[1], errors
+    errors = assert_400_naming(response, "messages")
+    assert field in message_errors(errors, 1), errors
+    assert all(key.startswith("messages.1.") for key in errors), errors
     assert not Conversation.objects.exists()
     assert not Message.objects.exists()
 
@@ -365,10 +404,9 @@ def test_create_with_system_reports_the_index_the_client_sent(api, case, message
         },
         format="json",
     )
-    body = assert_400_naming(response, "messages")
-    errors = body["messages"]
-    assert len(errors) == 3, errors
-    assert errors[0] == {} and field in errors[1] and errors[2] == {}, errors
+    errors = assert_400_naming(response, "messages")
+    assert field in message_errors(errors, 1), errors
+    assert all(key.startswith("messages.1.") for key in errors), errors
     assert not Conversation.objects.exists()
 
 
@@ -378,9 +416,10 @@ def test_create_with_system_reports_unknown_tool_result_at_its_index(api) -> Non
         {"system": "Be brief.", "messages": [user_message("first"), tool_result("call_x")]},
         format="json",
     )
-    body = assert_400_naming(response, "messages")
-    assert body["messages"][0] == {} and "tool_call_id" in body["messages"][1], body
-    assert len(body["messages"]) == 2
+    errors = assert_400_naming(response, "messages")
+    assert message_errors(errors, 0) == {} and "tool_call_id" in message_errors(errors, 1), errors
+    assert all(key.startswith("messages.1.") for key in errors), errors
+    assert field_codes(response) == {"messages.1.tool_call_id": ["unknown_tool_call"]}
     assert not Conversation.objects.exists()
 
 
@@ -454,8 +493,8 @@ def test_ids_and_names_at_their_length_limits_are_accepted(api, conversation) ->
     assert response.status_code == 201, response.content
     # One character more is a malformed id, not merely one that nobody requested.
     response = api.post(url, tool_result(longest_id + "c"), format="json")
-    body = assert_400_naming(response, "tool_call_id")
-    assert body["tool_call_id"] == [str(TOOL_CALL_ID_TYPE)]
+    errors = assert_400_naming(response, "tool_call_id")
+    assert errors["tool_call_id"] == [str(TOOL_CALL_ID_TYPE)]
 
 
 def test_tool_result_answers_an_earlier_stored_request(api, conversation) -> None:
@@ -473,6 +512,7 @@ def test_tool_call_id_of_another_conversation_is_rejected(api, user, conversatio
         api_url("message-list", conversation), tool_result("call_elsewhere"), format="json"
     )
     assert_400_naming(response, "tool_call_id")
+    assert field_codes(response) == {"tool_call_id": ["unknown_tool_call"]}
     assert snapshot(conversation) == before
     # while the conversation that carries it accepts it
     response = api.post(
@@ -485,8 +525,10 @@ def test_tool_result_before_its_request_in_a_batch_is_rejected(api, conversation
     before = snapshot(conversation)
     batch = [tool_result("call_later"), assistant_calls("call_later")]
     response = api.post(api_url("message-list", conversation), {"messages": batch}, format="json")
-    body = assert_400_naming(response, "messages")
-    assert "tool_call_id" in body["messages"][0] and body["messages"][1] == {}
+    errors = assert_400_naming(response, "messages")
+    assert "tool_call_id" in message_errors(errors, 0) and message_errors(errors, 1) == {}
+    assert all(key.startswith("messages.0.") for key in errors), errors
+    assert field_codes(response) == {"messages.0.tool_call_id": ["unknown_tool_call"]}
     assert snapshot(conversation) == before
 
 
@@ -572,12 +614,14 @@ def test_batch_body_with_an_unknown_field(api, conversation) -> None:
         format="json",
     )
     assert_400_naming(response, "stream")
+    assert field_codes(response) == {"stream": ["unknown_field"]}
     assert snapshot(conversation) == before
 
 
 def test_create_body_with_an_unknown_field(api) -> None:
     response = api.post(LIST_URL, {"title": "t", "temperature": 0.3}, format="json")
     assert_400_naming(response, "temperature")
+    assert field_codes(response) == {"temperature": ["unknown_field"]}
     assert not Conversation.objects.exists()
 
 
@@ -587,10 +631,12 @@ def test_patch_body_with_an_unknown_field(api, conversation) -> None:
         api_url("conversation-detail", conversation), {"title": "new", "owner": 99}, format="json"
     )
     assert_400_naming(response, "owner")
+    assert field_codes(response) == {"owner": ["unknown_field"]}
     response = api.patch(
         api_url("conversation-detail", conversation), {"messages": [user_message()]}, format="json"
     )
     assert_400_naming(response, "messages")
+    assert field_codes(response) == {"messages": ["unknown_field"]}
     assert snapshot(conversation) == before
 
 
@@ -722,6 +768,8 @@ BAD_POLICIES = [
 def test_bad_policy_on_create(api, case, policy) -> None:
     response = api.post(LIST_URL, {"title": "t", "policy": policy}, format="json")
     assert_400_naming(response, "policy")
+    if case == "unknown policy key":
+        assert field_codes(response) == {"policy.retain": ["unknown_field"]}
     assert not Conversation.objects.exists()
 
 
@@ -752,8 +800,8 @@ def test_patch_keep_checked_against_the_stored_trigger(api, user) -> None:
         {"policy": {"keep": {"messages": 17}}},
         format="json",
     )
-    assert_400_naming(response, "policy")
-    assert "Keep at most 16 messages" in str(response.json())
+    errors = assert_400_naming(response, "policy")
+    assert "Keep at most 16 messages" in " ".join(errors["policy.keep"]), errors
     assert snapshot(conversation) == before
     response = api.patch(
         api_url("conversation-detail", conversation),
@@ -777,8 +825,8 @@ def test_max_context_tokens_is_checked_and_stored(api, user) -> None:
             {"policy": {"max_context_tokens": bad}},
             format="json",
         )
-        assert_400_naming(response, "policy")
-        assert "max_context_tokens" in response.json()["policy"]
+        errors = assert_400_naming(response, "policy")
+        assert "policy.max_context_tokens" in errors, errors
         assert snapshot(conversation) == before
     response = api.patch(
         api_url("conversation-detail", conversation),
@@ -808,12 +856,16 @@ def test_a_field_of_the_wrong_type_is_refused_on_create_and_patch(
 ) -> None:
     response = api.post(LIST_URL, {field: value}, format="json")
     assert_400_naming(response, field)
+    if value is None:
+        assert field_codes(response) == {field: ["null"]}
     assert Conversation.objects.count() == 1
     before = snapshot(conversation)
     response = api.patch(
         api_url("conversation-detail", conversation), {field: value}, format="json"
     )
     assert_400_naming(response, field)
+    if value is None:
+        assert field_codes(response) == {field: ["null"]}
     assert snapshot(conversation) == before
     assert Conversation.objects.count() == 1
 
