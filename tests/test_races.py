@@ -51,6 +51,7 @@ from tests.postgres import (
     start,
     wait_until,
 )
+from tests.support.errors import field_codes, field_errors
 from tests.support.urls import api_url
 
 pytestmark = POSTGRES
@@ -225,12 +226,15 @@ def test_a_result_arriving_after_the_commit_is_refused(user, fake, api):
     url = api_url("message-list", conversation)
     response = api.post(url, result("call_x"), format="json")
     assert response.status_code == 400
-    assert response.json() == archived_refusal("call_x")
+    assert field_errors(response) == archived_refusal("call_x")
+    assert field_codes(response) == {"tool_call_id": ["tool_call_summarized"]}
     response = api.post(
         url, {"messages": [long_user_message("ok"), result("call_x")]}, format="json"
     )
     assert response.status_code == 400
-    assert response.json() == {"messages": [{}, archived_refusal("call_x")]}
+    refusal = archived_refusal("call_x")["tool_call_id"]
+    assert field_errors(response) == {"messages.1.tool_call_id": refusal}
+    assert field_codes(response) == {"messages.1.tool_call_id": ["tool_call_summarized"]}
 
     conversation.refresh_from_db()
     after = (conversation.revision, conversation.message_count, conversation.active_tokens)
