@@ -71,6 +71,19 @@ def test_a_bad_body_is_a_json_400_with_its_codes_whatever_the_projects_handler(
     assert conversation.messages.count() == 1
 
 
+@pytest.mark.parametrize("method", ["post", "patch", "delete"])
+def test_a_write_to_an_unknown_url_with_a_session_and_no_csrf_token_is_a_json_404(
+    new_project, user, conversation, method
+):
+    # A logged-in browser's session cookie, no CSRF token: Django's CSRF check would answer
+    # its HTML 403 page before the 404 (an empty subject, found by the fuzzing).
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    for path in ("/api/subjects/facts/56/", f"/api/conversations/{conversation.pk}/nothing/"):
+        send = getattr(client, method)
+        json_error(send(path, {"value": "x"}, "application/json"), 404, "not_found")
+
+
 def test_a_url_without_its_slash_is_redirected_or_named(new_project, client, conversation):
     url = f"/api/conversations/{conversation.pk}/messages"
     response = client.get(url)
