@@ -232,8 +232,13 @@ def active_summary_version(*, conversation: Conversation) -> int | None:
 
 
 def conversation_list(*, owner: Any) -> QuerySet[Conversation]:
+    return newest_first(Conversation.objects.filter(owner=owner))
+
+
+def newest_first(conversations: QuerySet[Conversation]) -> QuerySet[Conversation]:
+    """``conversations`` in the order the lists show them: the newest first."""
     # pk breaks ties, so pages neither repeat nor skip conversations created together.
-    return Conversation.objects.filter(owner=owner).order_by("-created_at", "-pk")
+    return conversations.order_by("-created_at", "-pk")
 
 
 def transcript_list(*, conversation: Conversation) -> QuerySet[Message]:

@@ -29,8 +29,7 @@ def conversations(request: Request) -> QuerySet[Conversation]:
     """The conversations ``request`` can reach: the list, and every endpoint about one
     conversation (any other id answers 404, like one that does not exist)."""
     reachable: QuerySet[Conversation] = ctxsum_settings.API_CONVERSATIONS(request)
-    # pk breaks ties, so pages neither repeat nor skip conversations created together.
-    return reachable if reachable.ordered else reachable.order_by("-created_at", "-pk")
+    return reachable if reachable.ordered else selectors.newest_first(reachable)
 
 
 def permissions() -> list[BasePermission]:

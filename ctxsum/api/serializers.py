@@ -15,7 +15,7 @@ from rest_framework import serializers
 
 from ctxsum import selectors
 from ctxsum.api import schema
-from ctxsum.exceptions import FailureCause
+from ctxsum.exceptions import FailureCause, Problem
 from ctxsum.models import Conversation, Message, Summary
 from ctxsum.policy import MAX_CONTEXT_TOKENS_LIMIT, Reason
 from ctxsum.services import MAX_SUBJECT_CHARS
@@ -54,10 +54,8 @@ class StrictSerializer(serializers.Serializer[Any]):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                errors = {
-                    field_name(name): [serializers.ErrorDetail(str(UNKNOWN_FIELD), "unknown_field")]
-                    for name in unknown
-                }
+                unknown_field = Problem(UNKNOWN_FIELD, "unknown_field")
+                errors = {field_name(name): [unknown_field] for name in unknown}
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
 
