@@ -9,13 +9,10 @@ summarizer, and a script that drives it and prints what it saw."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
+from tests.support.processes import script_report
 from tests.support.shared import REPO_ROOT
 
 SETTINGS = """
@@ -181,16 +178,7 @@ def run_core_alone(tmp_path: Path) -> dict:
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)]),
     }
     env.pop("DATABASE_URL", None)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return script_report(SCRIPT, cwd=tmp_path, env=env, timeout=300)
 
 
 def test_a_project_with_ctxsum_alone(tmp_path):

@@ -5,13 +5,10 @@ own apps are migrated (the suite's test database has every table)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
+from tests.support.processes import script_report
 from tests.support.shared import REPO_ROOT
 
 SCRIPT = """
@@ -54,16 +51,7 @@ def run(tmp_path: Path) -> dict:
         "CTXSUM_SUMMARIZER": "offline",
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(SCRIPT)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return script_report(SCRIPT, cwd=REPO_ROOT, env=env, timeout=120)
 
 
 def test_the_api_says_which_migrations_to_apply(tmp_path):
