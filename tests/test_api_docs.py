@@ -3,7 +3,6 @@ quickstart's curl walkthrough (docs/quickstart.md) works, in order, against a li
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import shlex
@@ -17,9 +16,9 @@ from rest_framework.authtoken.models import Token
 
 from project.api_docs import generate, render
 from tests.factories import OFFLINE_SUMMARIZER
+from tests.support.pages import assert_page_is
 from tests.support.shared import REPO_ROOT
 
-API_MD = REPO_ROOT / "docs" / "api.md"
 QUICKSTART = REPO_ROOT / "docs" / "quickstart.md"
 WALKTHROUGH = "\n## The REST API with curl\n"
 BASH = shutil.which("bash")
@@ -32,16 +31,7 @@ needs_bash = pytest.mark.skipif(BASH is None, reason="bash expands the examples'
 def test_docs_api_md_is_what_its_requests_answer():
     # Transactional, as the requests of `make docs` are: an automatic compaction runs once
     # its append has committed, not deferred inside a test's transaction.
-    generated = generate()
-    committed = API_MD.read_text(encoding="utf-8")
-    if generated != committed:
-        diff = difflib.unified_diff(
-            committed.splitlines(keepends=True),
-            generated.splitlines(keepends=True),
-            "docs/api.md",
-            "what the requests answer",
-        )
-        pytest.fail("docs/api.md is out of date; run make docs.\n" + "".join(diff)[:8000])
+    assert_page_is("docs/api.md", generate(), "what the requests answer")
 
 
 # --------------------------------------------------------------------------- the walkthrough
