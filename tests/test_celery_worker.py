@@ -343,9 +343,21 @@ def test_appends_from_several_processes_are_compacted_by_the_worker(
     summaries = Summary.objects.filter(conversation__in=everything)
     assert summaries.exclude(model=WORKER_MODEL).count() == 0, "an appender summarized"
     # Compactions ran while the appends went on: some conversation compacted more than once.
-    assert len(server.requests) == summaries.count() > len(everything)
+    assert summaries.count() > len(everything)
     outcomes = CompactionAttempt.objects.filter(conversation__in=everything)
-    assert set(outcomes.values_list("outcome", flat=True)) <= {"compacted", "skipped"}
+    assert set(outcomes.values_list("outcome", flat=True)) <= {"compacted", "skipped", "conflict"}
+    # A task starved of the CPU past its lease (a loaded machine) loses it to another, which
+    # compacts the same range: the loser's call is written nowhere, its attempt a conflict.
+    # Every summarizer call is a summary, or an attempt that wrote none.
+    lost = outcomes.filter(outcome="conflict") | outcomes.filter(reason=Reason.NO_GAIN)
+    assert len(server.requests) == summaries.count() + lost.count()
+    for attempt in outcomes.filter(outcome="conflict"):
+        taken = Message.objects.filter(
+            conversation=attempt.conversation,
+            seq__range=(attempt.from_seq, attempt.to_seq),
+            summary__isnull=True,
+        )
+        assert not taken.exists(), "a range lost in a race was left uncompacted"
     for conversation, first in owned + shared:
         stored = transcript(conversation)
         texts = [message["content"] for message in first]
